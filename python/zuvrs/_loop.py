@@ -1,0 +1,240 @@
+"""zuvrs.Loop: the public loop class.
+
+The native base (``_zuvrs.LoopCore``) owns the libuv loop and everything
+that runs per callback: the turn, the ready queue, timers, fd watchers and
+the ``call_*`` methods. asyncio's ``BaseEventLoop`` supplies the rest of
+the loop API that is not about I/O (tasks, futures, executors, exception
+handling, async generators, debug mode), so those behave exactly as in the
+stdlib. This module adds the glue between them: run_forever's set-up,
+close, add_reader/add_writer argument handling and signals.
+"""
+
+import asyncio
+import errno
+import signal
+import socket
+import sys
+import threading
+from asyncio import coroutines, events, format_helpers
+from asyncio.log import logger
+
+from . import _zuvrs
+
+__all__ = ("Loop",)
+
+
+def _fileobj_to_fd(fileobj):
+    """A file descriptor from an int or an object with fileno(), with the
+    errors asyncio's selector loop raises."""
+    if isinstance(fileobj, int):
+        fd = fileobj
+    else:
+        try:
+            fd = int(fileobj.fileno())
+        except (AttributeError, TypeError, ValueError):
+            raise ValueError(f"Invalid file object: {fileobj!r}") from None
+    if fd < 0:
+        raise ValueError(f"Invalid file descriptor: {fd}")
+    return fd
+
+
+def _ignore_signal(signum, frame):
+    """Python-level handler for signals the loop dispatches itself: the C
+    handler has already written the signal number to the wakeup socket."""
+
+
+class Loop(_zuvrs.LoopCore, asyncio.BaseEventLoop):
+    """A libuv event loop implementing asyncio.AbstractEventLoop."""
+
+    def __init__(self):
+        asyncio.BaseEventLoop.__init__(self)
+        self._signal_handlers = {}
+        # Socket pair whose write end is the signal wakeup fd; created lazily.
+        self._wakeup_r = self._wakeup_w = None
+        # The wakeup fd that was set before this loop claimed it, or None
+        # while the loop does not hold it.
+        self._wakeup_previous = None
+
+    # -- running ---------------------------------------------------------
+
+    def run_forever(self):
+        """Run until stop() is called."""
+        self._check_closed()
+        self._check_running()
+        self._set_coroutine_origin_tracking(self._debug)
+        old_agen_hooks = sys.get_asyncgen_hooks()
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        try:
+            self._thread_id = threading.get_ident()
+            if in_main_thread:
+                # Wake the poll for Ctrl-C and other Python-handled signals.
+                self._claim_wakeup_fd(quiet=True)
+            sys.set_asyncgen_hooks(
+                firstiter=self._asyncgen_firstiter_hook,
+                finalizer=self._asyncgen_finalizer_hook,
+            )
+            events._set_running_loop(self)
+            self._run_loop()
+        finally:
+            self._stopping = False
+            self._thread_id = None
+            events._set_running_loop(None)
+            self._set_coroutine_origin_tracking(False)
+            sys.set_asyncgen_hooks(*old_agen_hooks)
+            if in_main_thread:
+                self._release_wakeup_fd()
+
+    def close(self):
+        """Close the loop: drop pending callbacks and free libuv resources."""
+        if self.is_running():
+            raise RuntimeError("Cannot close a running event loop")
+        if self._closed:
+            return
+        if sys.is_finalizing():
+            self._signal_handlers.clear()
+        else:
+            for sig in list(self._signal_handlers):
+                self.remove_signal_handler(sig)
+        asyncio.BaseEventLoop.close(self)
+        self._free_core()
+        for sock in (self._wakeup_r, self._wakeup_w):
+            if sock is not None:
+                sock.close()
+        self._wakeup_r = self._wakeup_w = None
+
+    # -- hooks called by the native core ------------------------------------
+
+    def _report_callback_error(self, handle, exc, callback, args):
+        source = format_helpers._format_callback_source(callback, args)
+        self.call_exception_handler(
+            {
+                "message": f"Exception in callback {source}",
+                "exception": exc,
+                "handle": handle,
+            }
+        )
+
+    def _warn_slow_callback(self, handle, seconds):
+        logger.warning("Executing %s took %.3f seconds", handle, seconds)
+
+    # -- file descriptor watching ---------------------------------------------
+
+    def add_reader(self, fd, callback, *args):
+        """Call callback(*args) whenever fd is readable."""
+        fd = _fileobj_to_fd(fd)
+        self._check_closed()
+        self._set_fd_handler(fd, False, callback, args)
+
+    def remove_reader(self, fd):
+        """Stop watching fd for reading; True if it was watched."""
+        fd = _fileobj_to_fd(fd)
+        if self.is_closed():
+            return False
+        return self._clear_fd_handler(fd, False)
+
+    def add_writer(self, fd, callback, *args):
+        """Call callback(*args) whenever fd is writable."""
+        fd = _fileobj_to_fd(fd)
+        self._check_closed()
+        self._set_fd_handler(fd, True, callback, args)
+
+    def remove_writer(self, fd):
+        """Stop watching fd for writing; True if it was watched."""
+        fd = _fileobj_to_fd(fd)
+        if self.is_closed():
+            return False
+        return self._clear_fd_handler(fd, True)
+
+    # -- signals ----------------------------------------------------------------
+
+    def _ensure_wakeup_socket(self):
+        if self._wakeup_r is None:
+            r, w = socket.socketpair()
+            r.setblocking(False)
+            w.setblocking(False)
+            self._wakeup_r, self._wakeup_w = r, w
+            self._set_fd_handler(r.fileno(), False, self._drain_wakeup_socket, ())
+
+    def _claim_wakeup_fd(self, quiet=False):
+        """Point signal.set_wakeup_fd at this loop (main thread only)."""
+        if self._wakeup_previous is not None:
+            return
+        self._ensure_wakeup_socket()
+        try:
+            previous = signal.set_wakeup_fd(self._wakeup_w.fileno(), warn_on_full_buffer=False)
+        except (ValueError, OSError) as exc:
+            if quiet:
+                return
+            raise RuntimeError(str(exc)) from None
+        self._wakeup_previous = previous
+
+    def _release_wakeup_fd(self):
+        """Give the wakeup fd back once neither a run nor a handler needs it."""
+        if self._wakeup_previous is None or self._signal_handlers or self.is_running():
+            return
+        try:
+            signal.set_wakeup_fd(self._wakeup_previous)
+        except (ValueError, OSError) as exc:
+            logger.info("set_wakeup_fd(%s) failed: %s", self._wakeup_previous, exc)
+        self._wakeup_previous = None
+
+    def _drain_wakeup_socket(self):
+        # Running this Python function also lets the interpreter run any
+        # pending Python-level signal handler (e.g. raise KeyboardInterrupt).
+        while True:
+            try:
+                data = self._wakeup_r.recv(4096)
+            except InterruptedError:
+                continue
+            except (BlockingIOError, OSError):
+                return
+            if not data:
+                return
+            for signum in data:
+                handle = self._signal_handlers.get(signum)
+                if handle is None:
+                    continue
+                if handle._cancelled:
+                    self.remove_signal_handler(signum)
+                else:
+                    self.call_soon(handle._run)
+
+    @staticmethod
+    def _validate_signal(sig):
+        if not isinstance(sig, int):
+            raise TypeError(f"sig must be an int, not {sig!r}")
+        if sig not in signal.valid_signals():
+            raise ValueError(f"invalid signal number {sig}")
+
+    def add_signal_handler(self, sig, callback, *args):
+        """Call callback(*args) in the loop whenever signal sig arrives."""
+        if coroutines.iscoroutine(callback) or coroutines.iscoroutinefunction(callback):
+            raise TypeError("coroutines cannot be used with add_signal_handler()")
+        self._validate_signal(sig)
+        self._check_closed()
+        self._claim_wakeup_fd()
+        self._signal_handlers[sig] = events.Handle(callback, args, self, None)
+        try:
+            signal.signal(sig, _ignore_signal)
+            signal.siginterrupt(sig, False)
+        except OSError as exc:
+            del self._signal_handlers[sig]
+            self._release_wakeup_fd()
+            if exc.errno == errno.EINVAL:
+                raise RuntimeError(f"sig {sig:d} cannot be caught") from None
+            raise
+
+    def remove_signal_handler(self, sig):
+        """Remove the handler of signal sig; True if there was one."""
+        self._validate_signal(sig)
+        if self._signal_handlers.pop(sig, None) is None:
+            return False
+        default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        try:
+            signal.signal(sig, default)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                raise RuntimeError(f"sig {sig:d} cannot be caught") from None
+            raise
+        self._release_wakeup_fd()
+        return True

@@ -1,0 +1,129 @@
+//! Contexts for callbacks scheduled without `context=`.
+//!
+//! asyncio copies the current context for every such callback. A million
+//! pending `call_soon(cb)` from the same code would then hold a million
+//! identical copies (64 bytes each, all tracked by the cyclic GC). zuvrs keeps
+//! one snapshot per loop instead and hands it to every handle scheduled while
+//! the current context has not changed; whether it has is read off the
+//! context's variable mapping (an immutable HAMT, replaced on every change).
+//!
+//! A callback must still run in a context of its own, so that what it sets is
+//! seen by nobody else: a handle whose snapshot is shared runs in a fresh copy
+//! of it (`PyContext_Copy`, from CPython's free list, freed right after the
+//! run); the last holder runs in it directly.
+//!
+//! Reading the mapping pointer relies on the layout of CPython's context
+//! object (`PyObject_HEAD; ctx_prev; ctx_vars; ...`, unchanged since 3.7). It
+//! is checked once at import; if the check fails every callback gets its own
+//! copy, as in asyncio.
+
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use pyo3::ffi;
+
+static SHARING_SAFE: AtomicBool = AtomicBool::new(false);
+
+/// Offset of `ctx_vars` in CPython's context object.
+const VARS_OFFSET: usize = std::mem::size_of::<ffi::PyObject>() + std::mem::size_of::<*mut ffi::PyObject>();
+
+#[inline]
+unsafe fn vars_of(ctx: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    unsafe { *((ctx as *const u8).add(VARS_OFFSET) as *const *mut ffi::PyObject) }
+}
+
+/// Verifies the context layout on this interpreter (GIL held).
+pub(crate) fn check_layout() {
+    // SAFETY: plain C-API calls; the field read is validated by its type.
+    let ok = unsafe {
+        let a = ffi::PyContext_New();
+        if a.is_null() {
+            ffi::PyErr_Clear();
+            return;
+        }
+        let b = ffi::PyContext_Copy(a);
+        let ok = if b.is_null() {
+            ffi::PyErr_Clear();
+            false
+        } else {
+            let va = vars_of(a);
+            let same = !va.is_null() && va == vars_of(b);
+            let is_hamt = same && {
+                let name = std::ffi::CStr::from_ptr((*ffi::Py_TYPE(va)).tp_name);
+                name.to_bytes() == b"hamt"
+            };
+            ffi::Py_DECREF(b);
+            is_hamt
+        };
+        ffi::Py_DECREF(a);
+        ok
+    };
+    SHARING_SAFE.store(ok, Ordering::Relaxed);
+}
+
+/// One loop's current snapshot.
+pub(crate) struct ContextCache {
+    snapshot: *mut ffi::PyObject,
+}
+
+/// A context for a new handle: a new reference, and whether other handles
+/// may share it.
+pub(crate) struct Snapshot {
+    pub(crate) context: *mut ffi::PyObject,
+    pub(crate) shared: bool,
+    /// The previous snapshot, to release once the loop state is not borrowed.
+    pub(crate) replaced: *mut ffi::PyObject,
+}
+
+impl ContextCache {
+    pub(crate) fn new() -> Self {
+        ContextCache { snapshot: ptr::null_mut() }
+    }
+
+    /// The context a callback scheduled now should run in. Null (with a
+    /// Python error set) on failure.
+    ///
+    /// # Safety
+    /// GIL held.
+    #[inline]
+    pub(crate) unsafe fn capture(&mut self) -> Snapshot {
+        unsafe {
+            let copy = ffi::PyContext_CopyCurrent();
+            if copy.is_null() || !SHARING_SAFE.load(Ordering::Relaxed) {
+                return Snapshot { context: copy, shared: false, replaced: ptr::null_mut() };
+            }
+            let snap = self.snapshot;
+            if !snap.is_null() && vars_of(snap) == vars_of(copy) {
+                // Same variables as the snapshot: share it. (The copy came from
+                // CPython's context free list and goes straight back.)
+                ffi::Py_DECREF(copy);
+                ffi::Py_INCREF(snap);
+                return Snapshot { context: snap, shared: true, replaced: ptr::null_mut() };
+            }
+            ffi::Py_INCREF(copy);
+            self.snapshot = copy;
+            Snapshot { context: copy, shared: true, replaced: snap }
+        }
+    }
+
+    /// Forgets the snapshot; returns it for the caller to release.
+    pub(crate) fn take(&mut self) -> *mut ffi::PyObject {
+        std::mem::replace(&mut self.snapshot, ptr::null_mut())
+    }
+}
+
+/// The context to enter for a run: `ctx` itself if nobody else holds it,
+/// else a private copy (`owned` = true; the caller releases it).
+///
+/// # Safety
+/// GIL held.
+#[inline]
+pub(crate) unsafe fn for_run(ctx: *mut ffi::PyObject, shared: bool) -> (*mut ffi::PyObject, bool) {
+    unsafe {
+        if shared && ffi::Py_REFCNT(ctx) > 1 {
+            (ffi::PyContext_Copy(ctx), true)
+        } else {
+            (ctx, false)
+        }
+    }
+}

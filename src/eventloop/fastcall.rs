@@ -1,0 +1,240 @@
+//! `call_soon`, `call_soon_threadsafe`, `call_later` and `call_at` as
+//! vectorcall method descriptors on `LoopCore`.
+//!
+//! These run once per scheduled callback, so they skip pyo3's generic
+//! argument handling: positional arguments are read straight from the
+//! vectorcall array into the handle, and the only keyword, `context`, is
+//! matched by hand.
+
+use std::ffi::CStr;
+use std::ptr;
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+use super::LoopCore;
+use crate::handles::{Callback, Handle, Ready, TimerHandle};
+
+/// Where a call's arguments are, as vectorcall passes them.
+struct FastArgs {
+    args: *const *mut ffi::PyObject,
+    nargs: usize,
+    kwnames: *mut ffi::PyObject,
+}
+
+impl FastArgs {
+    /// The `context=` keyword (None when absent or None); any other keyword
+    /// is a TypeError naming `method`, as for a Python function.
+    unsafe fn context(&self, py: Python<'_>, method: &str) -> PyResult<Option<*mut ffi::PyObject>> {
+        unsafe {
+            if self.kwnames.is_null() {
+                return Ok(None);
+            }
+            let n = ffi::PyTuple_GET_SIZE(self.kwnames) as usize;
+            let mut ctx = None;
+            for i in 0..n {
+                let name = ffi::PyTuple_GET_ITEM(self.kwnames, i as ffi::Py_ssize_t);
+                if ffi::PyUnicode_CompareWithASCIIString(name, c"context".as_ptr()) == 0 {
+                    let v = *self.args.add(self.nargs + i);
+                    ctx = if v == ffi::Py_None() { None } else { Some(v) };
+                } else {
+                    let name = Bound::from_borrowed_ptr(py, name).cast_into::<PyString>()?;
+                    return Err(PyTypeError::new_err(format!(
+                        "{method}() got an unexpected keyword argument '{name}'"
+                    )));
+                }
+            }
+            Ok(ctx)
+        }
+    }
+
+    #[inline]
+    unsafe fn arg(&self, i: usize) -> *mut ffi::PyObject {
+        unsafe { *self.args.add(i) }
+    }
+}
+
+fn missing(method: &str, what: &str) -> PyErr {
+    PyTypeError::new_err(format!("{method}() missing 1 required positional argument: '{what}'"))
+}
+
+/// Builds the callback of a handle: `callback, *args` starting at `first`.
+unsafe fn make_callback(
+    py: Python<'_>,
+    core: &LoopCore,
+    a: &FastArgs,
+    first: usize,
+    context: Option<*mut ffi::PyObject>,
+) -> PyResult<Callback> {
+    unsafe {
+        let ctx = match context {
+            Some(c) => {
+                if ffi::PyContext_CheckExact(c) == 0 {
+                    let t = Bound::from_borrowed_ptr(py, c).get_type().name()?;
+                    return Err(PyTypeError::new_err(format!(
+                        "an instance of Context was expected, got {t}"
+                    )));
+                }
+                ffi::Py_INCREF(c);
+                (c, false)
+            }
+            None => {
+                let snap = core.st().ctx_cache.capture();
+                if !snap.replaced.is_null() {
+                    ffi::Py_DECREF(snap.replaced);
+                }
+                if snap.context.is_null() {
+                    return Err(PyErr::fetch(py));
+                }
+                (snap.context, snap.shared)
+            }
+        };
+        Ok(Callback::new(a.arg(first), a.args.add(first + 1), a.nargs - first - 1, ctx.0, ctx.1))
+    }
+}
+
+/// The debug-mode checks asyncio makes (thread and callback type), done by
+/// the Python methods it defines for them.
+fn debug_checks(slf: &Bound<'_, PyAny>, callback: *mut ffi::PyObject, method: &str, thread: bool) -> PyResult<()> {
+    if thread {
+        slf.call_method0("_check_thread")?;
+    }
+    let cb = unsafe { Bound::from_borrowed_ptr(slf.py(), callback) };
+    slf.call_method1("_check_callback", (cb, method))?;
+    Ok(())
+}
+
+unsafe fn soon(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, threadsafe: bool) -> PyResult<*mut ffi::PyObject> {
+    unsafe {
+        let method = if threadsafe { "call_soon_threadsafe" } else { "call_soon" };
+        let obj = Bound::from_borrowed_ptr(py, slf);
+        let core = obj.cast_unchecked::<LoopCore>().get();
+        if a.nargs < 1 {
+            return Err(missing(method, "callback"));
+        }
+        let context = a.context(py, method)?;
+        core.check_open()?;
+        if core.debug() {
+            debug_checks(&obj, a.arg(0), method, !threadsafe)?;
+        }
+        let cb = make_callback(py, core, a, 0, context)?;
+        let h = Handle::create(py, cb, false)?;
+        let ptr = h.as_ptr();
+        ffi::Py_INCREF(ptr);
+        core.push_ready(Ready::Soon(h.unbind()));
+        if threadsafe {
+            core.wake();
+        }
+        Ok(ptr)
+    }
+}
+
+unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bool) -> PyResult<*mut ffi::PyObject> {
+    unsafe {
+        let (method, what) = if relative { ("call_later", "delay") } else { ("call_at", "when") };
+        let obj = Bound::from_borrowed_ptr(py, slf);
+        let core = obj.cast_unchecked::<LoopCore>().get();
+        if a.nargs < 1 {
+            return Err(missing(method, what));
+        }
+        if a.nargs < 2 {
+            return Err(missing(method, "callback"));
+        }
+        let context = a.context(py, method)?;
+        let t = a.arg(0);
+        if t == ffi::Py_None() {
+            return Err(PyTypeError::new_err(if relative {
+                "delay must not be None"
+            } else {
+                "when cannot be None"
+            }));
+        }
+        let t = Bound::from_borrowed_ptr(py, t);
+        let mut when: f64 = t.extract().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "unsupported operand type(s) for +: 'float' and '{}'",
+                t.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            ))
+        })?;
+        if relative {
+            when += super::monotonic();
+        }
+        core.check_open()?;
+        if core.debug() {
+            debug_checks(&obj, a.arg(1), "call_at", true)?;
+        }
+        let cb = make_callback(py, core, a, 1, context)?;
+        let st = core.st();
+        let h = TimerHandle::create(py, when, cb, st.timers.book())?;
+        let ptr = h.as_ptr();
+        ffi::Py_INCREF(ptr);
+        core.st().timers.push(h.unbind(), when);
+        Ok(ptr)
+    }
+}
+
+macro_rules! fast_entry {
+    ($name:ident, $imp:ident, $flag:expr) => {
+        unsafe extern "C" fn $name(
+            slf: *mut ffi::PyObject,
+            args: *const *mut ffi::PyObject,
+            nargsf: ffi::Py_ssize_t,
+            kwnames: *mut ffi::PyObject,
+        ) -> *mut ffi::PyObject {
+            unsafe {
+                let py = Python::assume_attached();
+                let a = FastArgs { args, nargs: ffi::PyVectorcall_NARGS(nargsf as usize) as usize, kwnames };
+                match $imp(py, slf, &a, $flag) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        e.restore(py);
+                        ptr::null_mut()
+                    }
+                }
+            }
+        }
+    };
+}
+
+fast_entry!(call_soon, soon, false);
+fast_entry!(call_soon_threadsafe, soon, true);
+fast_entry!(call_later, at, true);
+fast_entry!(call_at, at, false);
+
+const FLAGS: i32 = ffi::METH_FASTCALL | ffi::METH_KEYWORDS;
+
+fn method_def(name: &'static CStr, f: ffi::PyCFunctionFastWithKeywords, doc: &'static CStr) -> ffi::PyMethodDef {
+    ffi::PyMethodDef {
+        ml_name: name.as_ptr(),
+        ml_meth: ffi::PyMethodDefPointer { PyCFunctionFastWithKeywords: f },
+        ml_flags: FLAGS,
+        ml_doc: doc.as_ptr(),
+    }
+}
+
+/// Adds the fast methods to `LoopCore` as method descriptors.
+pub(crate) fn install_fast_methods(py: Python<'_>) -> PyResult<()> {
+    let defs: [ffi::PyMethodDef; 4] = [
+        method_def(c"call_soon", call_soon, c"call_soon(callback, *args, context=None)\n--\n\nSchedule callback to run on the next turn of the loop."),
+        method_def(c"call_soon_threadsafe", call_soon_threadsafe, c"call_soon_threadsafe(callback, *args, context=None)\n--\n\nLike call_soon(), callable from any thread; wakes the loop."),
+        method_def(c"call_later", call_later, c"call_later(delay, callback, *args, context=None)\n--\n\nSchedule callback to run after delay seconds."),
+        method_def(c"call_at", call_at, c"call_at(when, callback, *args, context=None)\n--\n\nSchedule callback to run at loop time when."),
+    ];
+    let ty = py.get_type::<LoopCore>();
+    for def in defs {
+        // The descriptor keeps a pointer to its PyMethodDef for the life of
+        // the type: leak it deliberately (four small structs per process).
+        let def: &'static mut ffi::PyMethodDef = Box::leak(Box::new(def));
+        // SAFETY: the type object is a live heap type; the def is 'static.
+        let descr = unsafe { ffi::PyDescr_NewMethod(ty.as_ptr() as *mut ffi::PyTypeObject, def) };
+        if descr.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        let descr = unsafe { Bound::from_owned_ptr(py, descr) };
+        let name = unsafe { CStr::from_ptr(def.ml_name) }.to_str().expect("ascii");
+        ty.setattr(name, descr)?;
+    }
+    Ok(())
+}

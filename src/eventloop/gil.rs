@@ -1,0 +1,48 @@
+//! Handing the GIL to other threads while the loop waits in the kernel.
+//!
+//! The loop holds the GIL for its whole turn except the poll: a prepare
+//! handle (run by libuv just before it polls) releases it, and the first
+//! libuv callback after the poll, or the return from `uv_run`, takes it back.
+//! So it is released and retaken once per turn, never per callback, and
+//! libuv callbacks that touch Python objects call [`GilHandoff::reacquire`]
+//! first.
+
+use std::cell::Cell;
+use std::ptr;
+
+use pyo3::ffi;
+
+pub(crate) struct GilHandoff {
+    /// The loop thread's state while it does not hold the GIL; null otherwise.
+    saved: Cell<*mut ffi::PyThreadState>,
+}
+
+impl GilHandoff {
+    pub(crate) fn new() -> Self {
+        GilHandoff { saved: Cell::new(ptr::null_mut()) }
+    }
+
+    /// Releases the GIL if this thread holds it through the loop.
+    ///
+    /// # Safety
+    /// Called on the loop thread, from inside `uv_run`, with no Python
+    /// reference borrowed across the release.
+    #[inline]
+    pub(crate) unsafe fn release(&self) {
+        if self.saved.get().is_null() {
+            self.saved.set(unsafe { ffi::PyEval_SaveThread() });
+        }
+    }
+
+    /// Takes the GIL back if [`GilHandoff::release`] gave it away.
+    ///
+    /// # Safety
+    /// Called on the loop thread.
+    #[inline]
+    pub(crate) unsafe fn reacquire(&self) {
+        let saved = self.saved.replace(ptr::null_mut());
+        if !saved.is_null() {
+            unsafe { ffi::PyEval_RestoreThread(saved) };
+        }
+    }
+}

@@ -1,0 +1,504 @@
+//! The loop core: the turn, the ready queue, timers, wake-ups and fd watchers.
+//!
+//! `LoopCore` is the native base of `zuvrs.Loop`. Python code (python/zuvrs)
+//! adds what runs once per loop or per run (argument checks, run_forever's
+//! set-up, signals, executors); everything per callback is here.
+//!
+//! One turn (`run_turn`):
+//! 1. `uv_run` once: without blocking when callbacks are ready or a stop is
+//!    pending, else blocking until I/O, a wake-up or the earliest timer. The
+//!    GIL is released just for the poll (see `gil`).
+//! 2. Due timers move to the ready queue (after the I/O callbacks, as in
+//!    asyncio).
+//! 3. The callbacks queued when the turn began run; those they schedule wait
+//!    for the next turn.
+
+mod fastcall;
+mod gil;
+mod poll;
+mod timers;
+
+use std::cell::UnsafeCell;
+use std::collections::{HashMap, VecDeque};
+
+use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PySystemExit};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::context::ContextCache;
+use crate::errors::uv_error;
+use crate::handles::{Callback, Handle, Ready};
+use crate::uv::{sys, UvHandle, UvLoop};
+use gil::GilHandoff;
+use poll::{Side, Watcher};
+use timers::TimerHeap;
+
+pub(crate) use fastcall::install_fast_methods;
+
+/// Seconds on the monotonic clock, the clock of `time.monotonic()` and of
+/// libuv's `uv_now`.
+#[inline]
+pub(crate) fn monotonic() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// libuv resources of an open loop.
+struct UvParts {
+    uv: UvLoop,
+    /// Wakes the poll for `call_soon_threadsafe`; also keeps the loop alive so
+    /// an idle `run_forever` blocks instead of spinning.
+    wake: UvHandle<sys::uv_async_t>,
+    /// Releases the GIL right before the poll.
+    prepare: UvHandle<sys::uv_prepare_t>,
+    /// Bounds the poll at the earliest timer deadline; its callback is empty,
+    /// the heap is processed after `uv_run` returns.
+    timer: UvHandle<sys::uv_timer_t>,
+    /// Deadline the uv timer is armed for (NaN when not armed).
+    armed_for: f64,
+    watchers: HashMap<i32, Watcher>,
+}
+
+pub(crate) struct LoopState {
+    uv: Option<UvParts>,
+    pub(crate) ready: VecDeque<Ready>,
+    pub(crate) timers: TimerHeap,
+    pub(crate) gil: GilHandoff,
+    pub(crate) ctx_cache: ContextCache,
+    closed: bool,
+    stopping: bool,
+    debug: bool,
+    thread_id: Option<Py<PyAny>>,
+}
+
+#[pyclass(module = "zuvrs._zuvrs", name = "LoopCore", subclass, frozen)]
+pub struct LoopCore {
+    // Boxed so libuv's back-pointers stay valid wherever the object is.
+    state: Box<UnsafeCell<LoopState>>,
+}
+
+// SAFETY: the state is only touched by the thread holding the GIL (and, for
+// `gil`, by the loop thread inside uv_run).
+unsafe impl Sync for LoopCore {}
+unsafe impl Send for LoopCore {}
+
+unsafe extern "C" fn on_prepare(handle: *mut sys::uv_prepare_t) {
+    // SAFETY: data is the loop state, alive while its handles are.
+    unsafe {
+        let st = &*((*handle).data as *const LoopState);
+        st.gil.release();
+    }
+}
+
+unsafe extern "C" fn on_wake(_handle: *mut sys::uv_async_t) {}
+
+unsafe extern "C" fn on_timer(_handle: *mut sys::uv_timer_t) {}
+
+fn closed_error() -> PyErr {
+    PyRuntimeError::new_err("Event loop is closed")
+}
+
+impl LoopCore {
+    /// The loop state.
+    ///
+    /// # Safety
+    /// GIL held; the reference must not be kept across a call into Python or
+    /// into `uv_run` (re-derive it afterwards).
+    #[allow(clippy::mut_from_ref)]
+    #[inline]
+    pub(crate) unsafe fn st(&self) -> &mut LoopState {
+        unsafe { &mut *self.state.get() }
+    }
+
+    #[inline]
+    pub(crate) fn check_open(&self) -> PyResult<()> {
+        if unsafe { self.st().closed } {
+            Err(closed_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    #[inline]
+    pub(crate) fn debug(&self) -> bool {
+        unsafe { self.st().debug }
+    }
+
+    /// Queues a one-shot handle.
+    #[inline]
+    pub(crate) fn push_ready(&self, handle: Ready) {
+        unsafe { self.st().ready.push_back(handle) }
+    }
+
+    /// Wakes the loop from another thread.
+    pub(crate) fn wake(&self) {
+        if let Some(parts) = unsafe { &self.st().uv } {
+            // SAFETY: uv_async_send is the one libuv call safe from any thread.
+            unsafe { sys::uv_async_send(parts.wake.raw()) };
+        }
+    }
+
+    /// Arms the uv timer for the earliest live deadline before a blocking poll.
+    fn arm_timer(&self) {
+        let st = unsafe { self.st() };
+        st.timers.prune();
+        let next = st.timers.next_deadline();
+        let Some(parts) = st.uv.as_mut() else { return };
+        match next {
+            None => {
+                if !parts.armed_for.is_nan() {
+                    unsafe { sys::uv_timer_stop(parts.timer.raw()) };
+                    parts.armed_for = f64::NAN;
+                }
+            }
+            Some(when) => {
+                let active = unsafe { sys::uv_is_active(parts.timer.as_handle()) } != 0;
+                if active && parts.armed_for == when {
+                    return;
+                }
+                // libuv counts whole milliseconds on the same clock; rounding
+                // the deadline up means the timer never fires early.
+                let now_ms = parts.uv.now_ms();
+                let due_ms = (when * 1000.0).ceil();
+                let delay = if due_ms.is_nan() || due_ms <= now_ms as f64 {
+                    0
+                } else if due_ms >= u64::MAX as f64 {
+                    u64::MAX / 2
+                } else {
+                    due_ms as u64 - now_ms
+                };
+                unsafe { sys::uv_timer_start(parts.timer.raw(), Some(on_timer), delay, 0) };
+                parts.armed_for = when;
+            }
+        }
+    }
+
+    /// Moves due timers to the ready queue.
+    fn collect_due_timers(&self) {
+        let st = unsafe { self.st() };
+        if st.timers.len() == 0 {
+            return;
+        }
+        st.timers.prune();
+        let now = monotonic();
+        while let Some(h) = st.timers.pop_due(now) {
+            if !h.get().is_cancelled() {
+                st.ready.push_back(Ready::Timer(h));
+            }
+        }
+    }
+
+    /// Runs the callbacks queued when the turn began.
+    fn run_ready(&self, slf: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = slf.py();
+        let n = unsafe { self.st().ready.len() };
+        for _ in 0..n {
+            // close() from a callback empties the queue; stop there.
+            let Some(item) = (unsafe { self.st().ready.pop_front() }) else { break };
+            let Some(cb) = (unsafe { item.core().take_for_run() }) else { continue };
+            let started = if self.debug() { Some(monotonic()) } else { None };
+            // SAFETY: GIL held; no borrow of the state is live here.
+            if !unsafe { cb.call() } {
+                let err = PyErr::fetch(py);
+                if err.is_instance_of::<PyKeyboardInterrupt>(py) || err.is_instance_of::<PySystemExit>(py) {
+                    return Err(err);
+                }
+                report_callback_error(slf, &item, &cb, err)?;
+            }
+            if let Some(t0) = started {
+                let dt = monotonic() - t0;
+                let limit: f64 = slf.getattr("slow_callback_duration")?.extract()?;
+                if dt >= limit {
+                    let h = unsafe { Bound::from_borrowed_ptr(py, item.as_ptr()) };
+                    slf.call_method1("_warn_slow_callback", (h, dt))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn parts(&self) -> PyResult<&mut UvParts> {
+        unsafe { self.st().uv.as_mut() }.ok_or_else(closed_error)
+    }
+}
+
+fn report_callback_error(slf: &Bound<'_, PyAny>, item: &Ready, cb: &Callback, err: PyErr) -> PyResult<()> {
+    let py = slf.py();
+    let handle = unsafe { Bound::from_borrowed_ptr(py, item.as_ptr()) };
+    let func = unsafe { Bound::from_borrowed_ptr(py, cb.func()) };
+    slf.call_method1("_report_callback_error", (handle, err.into_value(py), func, cb.args_tuple(py)))?;
+    Ok(())
+}
+
+#[pymethods]
+impl LoopCore {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let uv = UvLoop::new().map_err(uv_error)?;
+        let timers = TimerHeap::new();
+        let state = Box::new(UnsafeCell::new(LoopState {
+            uv: None,
+            ready: VecDeque::with_capacity(1024),
+            timers,
+            gil: GilHandoff::new(),
+            ctx_cache: ContextCache::new(),
+            closed: false,
+            stopping: false,
+            debug: false,
+            thread_id: None,
+        }));
+        let sp = state.get();
+        // SAFETY: each handle is initialised on the fresh loop; their data
+        // points at the boxed state, which outlives them (see free_core).
+        unsafe {
+            let wake = UvHandle::<sys::uv_async_t>::zeroed();
+            let rc = sys::uv_async_init(uv.raw(), wake.raw(), Some(on_wake));
+            if rc < 0 {
+                wake.free_uninit();
+                uv.close();
+                return Err(uv_error(rc));
+            }
+            let prepare = UvHandle::<sys::uv_prepare_t>::zeroed();
+            sys::uv_prepare_init(uv.raw(), prepare.raw());
+            sys::uv_unref(prepare.as_handle());
+            prepare.set_data(sp);
+            let timer = UvHandle::<sys::uv_timer_t>::zeroed();
+            sys::uv_timer_init(uv.raw(), timer.raw());
+            sys::uv_unref(timer.as_handle());
+            (*sp).uv = Some(UvParts {
+                uv,
+                wake,
+                prepare,
+                timer,
+                armed_for: f64::NAN,
+                watchers: HashMap::new(),
+            });
+        }
+        Ok(LoopCore { state })
+    }
+
+    /// The loop's clock: `time.monotonic()`.
+    fn time(&self) -> f64 {
+        monotonic()
+    }
+
+    /// Stops the loop after the current turn.
+    fn stop(&self) {
+        unsafe { self.st().stopping = true }
+    }
+
+    #[getter(_stopping)]
+    fn get_stopping(&self) -> bool {
+        unsafe { self.st().stopping }
+    }
+
+    #[setter(_stopping)]
+    fn set_stopping(&self, value: bool) {
+        unsafe { self.st().stopping = value }
+    }
+
+    #[getter(_closed)]
+    fn get_closed(&self) -> bool {
+        unsafe { self.st().closed }
+    }
+
+    #[setter(_closed)]
+    fn set_closed(&self, value: bool) {
+        unsafe { self.st().closed = value }
+    }
+
+    #[getter(_debug)]
+    fn get_debug_flag(&self) -> bool {
+        self.debug()
+    }
+
+    #[setter(_debug)]
+    fn set_debug_flag(&self, value: bool) {
+        unsafe { self.st().debug = value }
+    }
+
+    #[getter(_thread_id)]
+    fn get_thread_id(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        unsafe { self.st().thread_id.as_ref().map(|t| t.clone_ref(py)) }
+    }
+
+    #[setter(_thread_id)]
+    fn set_thread_id(&self, value: Option<Py<PyAny>>) {
+        let old = unsafe { std::mem::replace(&mut self.st().thread_id, value) };
+        drop(old);
+    }
+
+    /// Runs turns until `stop()`. Python's `run_forever` does the set-up
+    /// around it (running-loop registration, async generator hooks).
+    fn _run_loop(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let this = slf.get();
+        let any = slf.as_any();
+        {
+            let parts = this.parts()?;
+            unsafe { sys::uv_prepare_start(parts.prepare.raw(), Some(on_prepare)) };
+        }
+        let result = loop {
+            let st = unsafe { this.st() };
+            let Some(parts) = st.uv.as_ref() else { break Err(closed_error()) };
+            let raw = parts.uv.raw();
+            let mode = if st.ready.is_empty() && !st.stopping {
+                this.arm_timer();
+                sys::uv_run_mode_UV_RUN_ONCE
+            } else {
+                sys::uv_run_mode_UV_RUN_NOWAIT
+            };
+            // SAFETY: no state borrow is held across uv_run; callbacks
+            // re-derive it from the handles' data pointers.
+            unsafe {
+                sys::uv_run(raw, mode);
+                this.st().gil.reacquire();
+            }
+            this.collect_due_timers();
+            if let Err(e) = this.run_ready(any) {
+                break Err(e);
+            }
+            if unsafe { this.st().stopping } {
+                break Ok(());
+            }
+        };
+        if let Some(parts) = unsafe { this.st().uv.as_ref() } {
+            unsafe { sys::uv_prepare_stop(parts.prepare.raw()) };
+        }
+        result
+    }
+
+    /// Frees the libuv loop and drops every queued callback. Python's
+    /// `close()` calls this after its own checks.
+    fn _free_core(&self) {
+        let st = unsafe { self.st() };
+        st.closed = true;
+        let ready: Vec<Ready> = st.ready.drain(..).collect();
+        let timers = st.timers.drain();
+        let parts = st.uv.take();
+        let snapshot = st.ctx_cache.take();
+        let mut handlers = Vec::new();
+        if let Some(mut parts) = parts {
+            for (_, w) in parts.watchers.drain() {
+                handlers.extend(unsafe { (*w.raw()).take_all() }.into_iter().flatten());
+                w.close();
+            }
+            parts.wake.close();
+            parts.prepare.close();
+            parts.timer.close();
+            // SAFETY: every handle of this loop was closed above.
+            unsafe { parts.uv.close() };
+        }
+        // Now that the state is consistent, release the callbacks (this may
+        // run arbitrary __del__ code).
+        for r in &ready {
+            r.cancel();
+        }
+        for t in &timers {
+            t.get().cancel_now();
+        }
+        for h in &handlers {
+            h.get().cancel_now();
+        }
+        if !snapshot.is_null() {
+            unsafe { pyo3::ffi::Py_DECREF(snapshot) };
+        }
+    }
+
+    /// Sets (or replaces) the reader or writer of `fd`. The handle runs each
+    /// time the descriptor is ready, until removed.
+    fn _set_fd_handler(
+        &self,
+        py: Python<'_>,
+        fd: i32,
+        write: bool,
+        callback: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+    ) -> PyResult<()> {
+        let side = if write { Side::Write } else { Side::Read };
+        let sp = self.state.get();
+        let handle = unsafe {
+            // Runs many times in one context of its own, as in asyncio.
+            let ctx = pyo3::ffi::PyContext_CopyCurrent();
+            if ctx.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            let items = (*(args.as_ptr() as *mut pyo3::ffi::PyTupleObject)).ob_item.as_ptr();
+            let cb = Callback::new(callback.as_ptr(), items, args.len(), ctx, false);
+            Handle::create(py, cb, true)?.unbind()
+        };
+        let parts = self.parts()?;
+        if !parts.watchers.contains_key(&fd) {
+            let w = poll::new_watcher(sp, parts.uv.raw(), fd).map_err(uv_error)?;
+            parts.watchers.insert(fd, w);
+        }
+        let w = parts.watchers.get(&fd).expect("inserted");
+        let watcher = unsafe { &mut *w.raw() };
+        let old = watcher.set(side, Some(handle));
+        let started = watcher.update();
+        if let Err(rc) = started {
+            let mine = watcher.set(side, old);
+            if watcher.is_idle() {
+                parts.watchers.remove(&fd).expect("present").close();
+            }
+            drop(mine);
+            return Err(uv_error(rc));
+        }
+        if let Some(old) = old {
+            old.get().cancel_now();
+        }
+        Ok(())
+    }
+
+    /// Removes the reader or writer of `fd`; True if there was one.
+    fn _clear_fd_handler(&self, fd: i32, write: bool) -> bool {
+        let side = if write { Side::Write } else { Side::Read };
+        let Some(parts) = (unsafe { self.st().uv.as_mut() }) else { return false };
+        let Some(w) = parts.watchers.get(&fd) else { return false };
+        let watcher = unsafe { &mut *w.raw() };
+        let old = watcher.set(side, None);
+        if watcher.is_idle() {
+            parts.watchers.remove(&fd).expect("present").close();
+        } else {
+            let _ = watcher.update();
+        }
+        match old {
+            Some(h) => {
+                h.get().cancel_now();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The handles registered for `fd` as (reader, writer), for debugging
+    /// and tests.
+    fn _fd_handlers(&self, py: Python<'_>, fd: i32) -> (Option<Py<Handle>>, Option<Py<Handle>>) {
+        let Some(parts) = (unsafe { self.st().uv.as_ref() }) else { return (None, None) };
+        match parts.watchers.get(&fd) {
+            None => (None, None),
+            Some(w) => {
+                let w = unsafe { &*w.raw() };
+                (w.reader_ref(py), w.writer_ref(py))
+            }
+        }
+    }
+
+    /// Counts of (ready callbacks, scheduled timers), for tests.
+    fn _queue_sizes(&self) -> (usize, usize) {
+        let st = unsafe { self.st() };
+        (st.ready.len(), st.timers.len())
+    }
+}
+
+impl Drop for LoopCore {
+    fn drop(&mut self) {
+        // A loop dropped without close(): free libuv and the queues anyway.
+        let st = self.state.get_mut();
+        if st.uv.is_some() || !st.ready.is_empty() || st.timers.len() > 0 {
+            Python::attach(|_py| self._free_core());
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! zuvrs: a libuv-backed asyncio event loop.
+
+mod context;
+mod errors;
+mod eventloop;
+mod handles;
+mod uv;
+
+use pyo3::prelude::*;
+
+#[pymodule(gil_used = true)]
+fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    context::check_layout();
+    m.add_class::<eventloop::LoopCore>()?;
+    m.add_class::<handles::Handle>()?;
+    m.add_class::<handles::TimerHandle>()?;
+    eventloop::install_fast_methods(m.py())?;
+    m.add_function(wrap_pyfunction!(libuv_version, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("BUILD_PROFILE", if cfg!(debug_assertions) { "debug" } else { "release" })?;
+    Ok(())
+}
+
+/// The version of the libuv zuvrs runs on, as (major, minor, patch).
+#[pyfunction]
+fn libuv_version() -> (u32, u32, u32) {
+    uv::version()
+}

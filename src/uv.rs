@@ -1,0 +1,167 @@
+//! The unsafe edge to libuv.
+//!
+//! Every libuv handle zuvrs creates lives in a heap allocation owned by exactly
+//! one Rust value ([`UvHandle`]). The owner starts and stops the handle; when it
+//! is done it calls [`UvHandle::close`], and libuv's close callback is the only
+//! place the allocation is freed. A handle's `data` field points back at the
+//! state its callbacks need (the loop state or a watcher).
+
+use std::mem::MaybeUninit;
+
+pub(crate) use libuv_sys2 as sys;
+
+/// An initialised `uv_loop_t` on the heap.
+pub(crate) struct UvLoop {
+    raw: *mut sys::uv_loop_t,
+}
+
+impl UvLoop {
+    /// Allocates and initialises a loop; a libuv error code on failure.
+    pub(crate) fn new() -> Result<Self, i32> {
+        // SAFETY: uv_loop_init initialises the zeroed allocation; on failure it
+        // is freed here and never used again.
+        unsafe {
+            let raw = Box::into_raw(Box::new(MaybeUninit::<sys::uv_loop_t>::zeroed())) as *mut sys::uv_loop_t;
+            let rc = sys::uv_loop_init(raw);
+            if rc < 0 {
+                drop(Box::from_raw(raw as *mut MaybeUninit<sys::uv_loop_t>));
+                return Err(rc);
+            }
+            Ok(UvLoop { raw })
+        }
+    }
+
+    #[inline]
+    pub(crate) fn raw(&self) -> *mut sys::uv_loop_t {
+        self.raw
+    }
+
+    /// Milliseconds of libuv's cached loop clock, refreshed first.
+    #[inline]
+    pub(crate) fn now_ms(&self) -> u64 {
+        // SAFETY: the loop is initialised for as long as self exists.
+        unsafe {
+            sys::uv_update_time(self.raw);
+            sys::uv_now(self.raw)
+        }
+    }
+
+    /// Runs the close callbacks of every handle already closed, then closes
+    /// and frees the loop. Handles must have been closed by their owners.
+    ///
+    /// # Safety
+    /// No handle of this loop may be used afterwards.
+    pub(crate) unsafe fn close(self) {
+        unsafe {
+            // Close callbacks run on the next turn; a handful of turns is plenty,
+            // since closing handles never schedules more work.
+            for _ in 0..16 {
+                sys::uv_run(self.raw, sys::uv_run_mode_UV_RUN_NOWAIT);
+                if sys::uv_loop_close(self.raw) == 0 {
+                    drop(Box::from_raw(self.raw as *mut MaybeUninit<sys::uv_loop_t>));
+                    return;
+                }
+            }
+            // A handle nobody closed: leaking the loop is safer than freeing
+            // memory libuv still links to.
+            eprintln!("zuvrs: libuv loop still has open handles at close; leaking it");
+        }
+    }
+}
+
+/// Marker for types whose first field is a libuv handle (`#[repr(C)]`), so a
+/// pointer to the value is also a pointer to its `uv_handle_t`.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]` with the libuv handle as first field.
+pub(crate) unsafe trait HandleBox: Sized {}
+
+unsafe impl HandleBox for sys::uv_timer_t {}
+unsafe impl HandleBox for sys::uv_async_t {}
+unsafe impl HandleBox for sys::uv_prepare_t {}
+
+/// Owner of one heap-allocated libuv handle (or a struct starting with one).
+pub(crate) struct UvHandle<T: HandleBox> {
+    raw: *mut T,
+}
+
+impl<T: HandleBox> UvHandle<T> {
+    /// A zeroed allocation; the caller runs the matching `uv_*_init` on it.
+    pub(crate) fn zeroed() -> Self {
+        // SAFETY: libuv handle structs are plain C data, valid when zeroed
+        // until initialised.
+        let raw = Box::into_raw(Box::new(unsafe { MaybeUninit::<T>::zeroed().assume_init() }));
+        UvHandle { raw }
+    }
+
+    /// Takes a value whose first field is the (not yet initialised) handle.
+    pub(crate) fn new(value: T) -> Self {
+        UvHandle { raw: Box::into_raw(Box::new(value)) }
+    }
+
+    #[inline]
+    pub(crate) fn raw(&self) -> *mut T {
+        self.raw
+    }
+
+    #[inline]
+    pub(crate) fn as_handle(&self) -> *mut sys::uv_handle_t {
+        self.raw as *mut sys::uv_handle_t
+    }
+
+    /// Sets the handle's `data` back-pointer.
+    pub(crate) fn set_data<D>(&self, data: *mut D) {
+        // SAFETY: the handle is allocated; data is only read by our callbacks.
+        unsafe { (*self.as_handle()).data = data as *mut _ }
+    }
+
+    /// Asks libuv to close the handle; its close callback frees the memory.
+    /// An owner whose init call failed uses [`UvHandle::free_uninit`] instead.
+    pub(crate) fn close(self) {
+        // SAFETY: the handle was initialised; after uv_close nobody but the
+        // close callback touches the allocation.
+        unsafe {
+            let h = self.as_handle();
+            if sys::uv_is_closing(h) == 0 {
+                sys::uv_close(h, Some(free_after_close::<T>));
+            }
+        }
+    }
+
+    /// Frees a handle whose `uv_*_init` failed (libuv never saw it).
+    pub(crate) fn free_uninit(self) {
+        // SAFETY: libuv holds no pointer to an uninitialised handle.
+        unsafe { drop(Box::from_raw(self.raw)) }
+    }
+}
+
+unsafe extern "C" fn free_after_close<T: HandleBox>(handle: *mut sys::uv_handle_t) {
+    // SAFETY: the allocation came from Box<T> in UvHandle and this is its one
+    // close callback.
+    unsafe { drop(Box::from_raw(handle as *mut T)) }
+}
+
+/// A libuv error code (negative errno on Unix) as a positive errno.
+#[inline]
+pub(crate) fn errno_of(code: i32) -> i32 {
+    -code
+}
+
+/// The text libuv gives for an error code.
+pub(crate) fn strerror(code: i32) -> String {
+    // SAFETY: uv_strerror returns a static C string for any code.
+    unsafe {
+        let p = sys::uv_strerror(code);
+        if p.is_null() {
+            return format!("libuv error {code}");
+        }
+        std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+/// libuv's version as (major, minor, patch).
+pub(crate) fn version() -> (u32, u32, u32) {
+    // SAFETY: plain function returning a number.
+    let v = unsafe { sys::uv_version() };
+    ((v >> 16) & 0xff, (v >> 8) & 0xff, v & 0xff)
+}
