@@ -174,14 +174,25 @@ impl HandleCore {
     }
 
     /// The call to make now: moved out for one-shot handles, shared for
-    /// repeating ones, None when cancelled.
+    /// repeating ones or when `keep` (debug mode keeps it for the slow-callback
+    /// report), None when cancelled.
     #[inline]
-    pub(crate) fn take_for_run(&mut self) -> Option<Callback> {
+    pub(crate) fn take_for_run(&mut self, keep: bool) -> Option<Callback> {
         if self.cancelled {
             return None;
         }
-        if self.repeat {
+        if self.repeat || keep {
             self.callback.as_ref().map(Callback::clone_refs)
+        } else {
+            self.callback.take()
+        }
+    }
+
+    /// After a run with `keep`: a one-shot handle lets go of its references
+    /// (returned, to drop outside any borrow).
+    pub(crate) fn finish_run(&mut self) -> Option<Callback> {
+        if self.repeat {
+            None
         } else {
             self.callback.take()
         }

@@ -114,8 +114,10 @@ class Loop(_zuvrs.LoopCore, asyncio.BaseEventLoop):
             }
         )
 
-    def _warn_slow_callback(self, handle, seconds):
-        logger.warning("Executing %s took %.3f seconds", handle, seconds)
+    def _warn_slow_callback(self, handle, callback, seconds):
+        owner = getattr(callback, "__self__", None)
+        what = repr(owner) if isinstance(owner, asyncio.Task) else str(handle)
+        logger.warning("Executing %s took %.3f seconds", what, seconds)
 
     # -- file descriptor watching ---------------------------------------------
 

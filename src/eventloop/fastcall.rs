@@ -33,10 +33,12 @@ impl FastArgs {
                 return Ok(None);
             }
             let n = ffi::PyTuple_GET_SIZE(self.kwnames) as usize;
+            // Keyword names are usually interned: try identity first.
+            let interned = pyo3::intern!(py, "context").as_ptr();
             let mut ctx = None;
             for i in 0..n {
                 let name = ffi::PyTuple_GET_ITEM(self.kwnames, i as ffi::Py_ssize_t);
-                if ffi::PyUnicode_CompareWithASCIIString(name, c"context".as_ptr()) == 0 {
+                if name == interned || ffi::PyUnicode_CompareWithASCIIString(name, c"context".as_ptr()) == 0 {
                     let v = *self.args.add(self.nargs + i);
                     ctx = if v == ffi::Py_None() { None } else { Some(v) };
                 } else {

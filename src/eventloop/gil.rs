@@ -15,11 +15,28 @@ use pyo3::ffi;
 pub(crate) struct GilHandoff {
     /// The loop thread's state while it does not hold the GIL; null otherwise.
     saved: Cell<*mut ffi::PyThreadState>,
+    /// Whether the coming poll may block (only then is the GIL released).
+    release_before_poll: Cell<bool>,
 }
 
 impl GilHandoff {
     pub(crate) fn new() -> Self {
-        GilHandoff { saved: Cell::new(ptr::null_mut()) }
+        GilHandoff { saved: Cell::new(ptr::null_mut()), release_before_poll: Cell::new(true) }
+    }
+
+    pub(crate) fn set_release_before_poll(&self, release: bool) {
+        self.release_before_poll.set(release);
+    }
+
+    /// Called by the prepare handle right before the poll.
+    ///
+    /// # Safety
+    /// As for [`GilHandoff::release`].
+    #[inline]
+    pub(crate) unsafe fn before_poll(&self) {
+        if self.release_before_poll.get() {
+            unsafe { self.release() }
+        }
     }
 
     /// Releases the GIL if this thread holds it through the loop.

@@ -45,6 +45,9 @@ pub(crate) fn monotonic() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
+/// How often a loop whose ready queue never empties still polls for I/O.
+const BUSY_POLL_INTERVAL: f64 = 50e-6;
+
 /// libuv resources of an open loop.
 struct UvParts {
     uv: UvLoop,
@@ -88,7 +91,7 @@ unsafe extern "C" fn on_prepare(handle: *mut sys::uv_prepare_t) {
     // SAFETY: data is the loop state, alive while its handles are.
     unsafe {
         let st = &*((*handle).data as *const LoopState);
-        st.gil.release();
+        st.gil.before_poll();
     }
 }
 
@@ -197,8 +200,9 @@ impl LoopCore {
         for _ in 0..n {
             // close() from a callback empties the queue; stop there.
             let Some(item) = (unsafe { self.st().ready.pop_front() }) else { break };
-            let Some(cb) = (unsafe { item.core().take_for_run() }) else { continue };
-            let started = if self.debug() { Some(monotonic()) } else { None };
+            let debug = self.debug();
+            let Some(cb) = (unsafe { item.core().take_for_run(debug) }) else { continue };
+            let started = if debug { Some(monotonic()) } else { None };
             // SAFETY: GIL held; no borrow of the state is live here.
             if !unsafe { cb.call() } {
                 let err = PyErr::fetch(py);
@@ -212,8 +216,10 @@ impl LoopCore {
                 let limit: f64 = slf.getattr("slow_callback_duration")?.extract()?;
                 if dt >= limit {
                     let h = unsafe { Bound::from_borrowed_ptr(py, item.as_ptr()) };
-                    slf.call_method1("_warn_slow_callback", (h, dt))?;
+                    let func = unsafe { Bound::from_borrowed_ptr(py, cb.func()) };
+                    slf.call_method1("_warn_slow_callback", (h, func, dt))?;
                 }
+                drop(unsafe { item.core().finish_run() });
             }
         }
         Ok(())
@@ -340,21 +346,34 @@ impl LoopCore {
             let parts = this.parts()?;
             unsafe { sys::uv_prepare_start(parts.prepare.raw(), Some(on_prepare)) };
         }
+        let mut last_poll = 0.0;
         let result = loop {
             let st = unsafe { this.st() };
             let Some(parts) = st.uv.as_ref() else { break Err(closed_error()) };
             let raw = parts.uv.raw();
-            let mode = if st.ready.is_empty() && !st.stopping {
-                this.arm_timer();
-                sys::uv_run_mode_UV_RUN_ONCE
-            } else {
-                sys::uv_run_mode_UV_RUN_NOWAIT
-            };
-            // SAFETY: no state borrow is held across uv_run; callbacks
-            // re-derive it from the handles' data pointers.
-            unsafe {
-                sys::uv_run(raw, mode);
-                this.st().gil.reacquire();
+            let busy = !st.ready.is_empty() || st.stopping;
+            // While callbacks keep the queue busy, a non-blocking poll finds
+            // nothing most of the time; checking for I/O every BUSY_POLL_INTERVAL
+            // keeps I/O latency negligible at a fraction of the cost.
+            let now = if busy { monotonic() } else { 0.0 };
+            if !busy || st.stopping || now - last_poll >= BUSY_POLL_INTERVAL {
+                let mode = if busy {
+                    sys::uv_run_mode_UV_RUN_NOWAIT
+                } else {
+                    this.arm_timer();
+                    sys::uv_run_mode_UV_RUN_ONCE
+                };
+                // Only a poll that may block hands the GIL to other threads;
+                // a busy loop yields it through the interpreter's switch
+                // interval like any Python code.
+                st.gil.set_release_before_poll(!busy);
+                // SAFETY: no state borrow is held across uv_run; callbacks
+                // re-derive it from the handles' data pointers.
+                unsafe {
+                    sys::uv_run(raw, mode);
+                    this.st().gil.reacquire();
+                }
+                last_poll = if busy { now } else { monotonic() };
             }
             this.collect_due_timers();
             if let Err(e) = this.run_ready(any) {
