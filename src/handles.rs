@@ -7,7 +7,7 @@
 //! still queues when it closes, so no reference cycle can live through one.
 
 use std::cell::{Cell, UnsafeCell};
-use std::ptr;
+use std::ptr::{self, NonNull};
 use std::rc::Rc;
 
 use pyo3::exceptions::PyTypeError;
@@ -18,14 +18,14 @@ use smallvec::SmallVec;
 
 use crate::context;
 
-/// Argument vector for vectorcall. Slot 0 stays null so the callee may use it
-/// (`PY_VECTORCALL_ARGUMENTS_OFFSET`); up to three arguments stay inline.
-pub(crate) type ArgVec = SmallVec<[*mut ffi::PyObject; 4]>;
+/// Positional arguments of a callback; up to three stay inline, which keeps a
+/// handle in CPython's 96-byte allocation class.
+pub(crate) type ArgVec = SmallVec<[*mut ffi::PyObject; 3]>;
 
 /// The owned references of a pending call. Dropped only with the GIL held
 /// (handles live and die under the GIL).
 pub(crate) struct Callback {
-    func: *mut ffi::PyObject,
+    func: NonNull<ffi::PyObject>,
     args: ArgVec,
     context: *mut ffi::PyObject,
     /// The context is a loop snapshot other handles may share (see `context`).
@@ -51,15 +51,14 @@ impl Callback {
         shared_context: bool,
     ) -> Callback {
         unsafe {
-            let mut v = ArgVec::with_capacity(nargs + 1);
-            v.push(ptr::null_mut());
+            let mut v = ArgVec::with_capacity(nargs);
             for i in 0..nargs {
                 let a = *args.add(i);
                 ffi::Py_INCREF(a);
                 v.push(a);
             }
             ffi::Py_INCREF(func);
-            Callback { func, args: v, context, shared_context }
+            Callback { func: NonNull::new_unchecked(func), args: v, context, shared_context }
         }
     }
 
@@ -67,9 +66,9 @@ impl Callback {
     #[inline]
     fn clone_refs(&self) -> Callback {
         unsafe {
-            ffi::Py_INCREF(self.func);
+            ffi::Py_INCREF(self.func.as_ptr());
             ffi::Py_INCREF(self.context);
-            for &a in &self.args[1..] {
+            for &a in &self.args {
                 ffi::Py_INCREF(a);
             }
         }
@@ -78,12 +77,12 @@ impl Callback {
 
     #[inline]
     pub(crate) fn func(&self) -> *mut ffi::PyObject {
-        self.func
+        self.func.as_ptr()
     }
 
     /// The positional arguments as a new tuple (for repr and error reports).
     pub(crate) fn args_tuple<'py>(&self, py: Python<'py>) -> Bound<'py, PyTuple> {
-        let items = self.args[1..].iter().map(|&a| unsafe { Bound::from_borrowed_ptr(py, a) });
+        let items = self.args.iter().map(|&a| unsafe { Bound::from_borrowed_ptr(py, a) });
         PyTuple::new(py, items).expect("tuple of borrowed objects")
     }
 
@@ -99,7 +98,7 @@ impl Callback {
             if ctx.is_null() {
                 return false;
             }
-            let ok = Self::call_in(ctx, self.func, &self.args);
+            let ok = Self::call_in(ctx, self.func.as_ptr(), &self.args);
             if owned {
                 ffi::Py_DECREF(ctx);
             }
@@ -113,12 +112,7 @@ impl Callback {
             if ffi::PyContext_Enter(ctx) < 0 {
                 return false;
             }
-            let res = ffi::PyObject_Vectorcall(
-                func,
-                args.as_ptr().add(1),
-                (args.len() - 1) | ffi::PY_VECTORCALL_ARGUMENTS_OFFSET,
-                ptr::null_mut(),
-            );
+            let res = ffi::PyObject_Vectorcall(func, args.as_ptr(), args.len(), ptr::null_mut());
             let exited = ffi::PyContext_Exit(ctx) == 0;
             if res.is_null() {
                 return false;
@@ -150,9 +144,9 @@ impl Drop for Callback {
     fn drop(&mut self) {
         // SAFETY: callbacks are dropped with the GIL held (see type docs).
         unsafe {
-            ffi::Py_DECREF(self.func);
+            ffi::Py_DECREF(self.func.as_ptr());
             ffi::Py_DECREF(self.context);
-            for &a in &self.args[1..] {
+            for &a in &self.args {
                 ffi::Py_DECREF(a);
             }
         }
@@ -228,7 +222,7 @@ fn repr_of(py: Python<'_>, kind: &str, when: Option<f64>, core: &HandleCore) -> 
     }
     if let Some(cb) = &core.callback {
         let helpers = py.import("asyncio.format_helpers")?;
-        let func = unsafe { Bound::from_borrowed_ptr(py, cb.func) };
+        let func = unsafe { Bound::from_borrowed_ptr(py, cb.func()) };
         let src = helpers.call_method1("_format_callback_source", (func, cb.args_tuple(py)))?;
         parts.push(src.extract()?);
     }
@@ -247,7 +241,7 @@ fn untrack<T>(obj: &Bound<'_, T>) {
 }
 
 /// A callback scheduled with `call_soon`, or a reader/writer/signal callback.
-#[pyclass(module = "zuvrs", name = "Handle", frozen, freelist = 4096)]
+#[pyclass(module = "zuvrs", name = "Handle", frozen, freelist = 8192)]
 pub struct Handle {
     core: UnsafeCell<HandleCore>,
 }
@@ -322,7 +316,7 @@ unsafe impl Send for SharedBook {}
 unsafe impl Sync for SharedBook {}
 
 /// A callback scheduled with `call_later` / `call_at`.
-#[pyclass(module = "zuvrs", name = "TimerHandle", frozen, freelist = 4096)]
+#[pyclass(module = "zuvrs", name = "TimerHandle", frozen, freelist = 8192)]
 pub struct TimerHandle {
     core: UnsafeCell<HandleCore>,
     when: f64,
@@ -475,3 +469,7 @@ impl Ready {
         }
     }
 }
+
+// A handle must stay within CPython's 96-byte allocation class (with the GC
+// header pyo3 gives every class): see the memory target in the README.
+const _: () = assert!(std::mem::size_of::<HandleCore>() <= 64);

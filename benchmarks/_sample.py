@@ -1,0 +1,237 @@
+"""One benchmark sample in this (fresh) process; used by compare.py.
+
+    python3 benchmarks/_sample.py --loop uvloop --workload call_soon --size 1000000
+    python3 benchmarks/_sample.py --probe zuvrs
+    python3 benchmarks/_sample.py --probe-env
+
+Prints exactly one line starting with MARKER followed by JSON, on stdout.
+Sample: elapsed seconds (loop creation to loop close, parity checks
+excluded), ops, parity, expected, ok, peak RSS (ru_maxrss) before and after
+the workload, GC state. Probe: whether the loop imports, its version, where
+it was loaded from and any build information it exposes.
+Exit status: 0 if the sample ran and its parity matched, 3 on a parity
+mismatch, 2 if the loop is unavailable, 1 on an exception.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+
+MARKER = "@@ZUVRS-BENCH@@ "
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workloads  # noqa: E402
+
+
+def _maxrss_bytes() -> int:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r if sys.platform == "darwin" else r * 1024  # Linux: KiB
+
+
+def _emit(obj: dict) -> None:
+    sys.stdout.flush()
+    sys.stdout.write(MARKER + json.dumps(obj, default=repr) + "\n")
+    sys.stdout.flush()
+
+
+def _jsonable(v):
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    return repr(v)
+
+
+_CALL_FOR_INFO = ("build_info", "_build_info", "get_build_info",
+                  "libuv_version")
+
+
+def _build_info(mod) -> dict:
+    """Whatever build/commit information a module exposes (tolerates none):
+    attributes named like *build*, *profile*, *debug*, *commit*, *git*,
+    *version*, *features* of the package and its extension submodules."""
+    info = {}
+    seen = set()
+    mods = [mod]
+    for sub in dir(mod):
+        m = getattr(mod, sub, None)
+        if (type(m) is type(mod) and m is not mod
+                and getattr(m, "__name__", "").startswith(mod.__name__ + ".")):
+            mods.append(m)
+    for m in mods:
+        for attr in dir(m):
+            low = attr.lower()
+            if not any(k in low for k in ("build", "profile", "debug", "commit",
+                                          "git", "version", "features")):
+                continue
+            try:
+                v = getattr(m, attr)
+            except Exception:
+                continue
+            if type(v) is type(mod) or id(v) in seen:
+                continue
+            seen.add(id(v))
+            if callable(v):
+                if low not in _CALL_FOR_INFO:
+                    continue
+                try:
+                    v = v()
+                except Exception as exc:
+                    v = f"error: {exc!r}"
+            info[f"{m.__name__}.{attr}"] = _jsonable(v)
+    return info
+
+
+def probe(name: str) -> int:
+    out = {"loop": name, "available": False}
+    try:
+        workloads.get_loop_factory(name)
+    except workloads.LoopUnavailable as exc:
+        out["error"] = str(exc)
+        _emit(out)
+        return 2
+    out["available"] = True
+    modname = workloads._LOOP_MODULES[name][0]
+    mod = sys.modules[modname]
+    out["version"] = getattr(mod, "__version__", None)
+    if name == "asyncio":
+        out["version"] = "stdlib " + sys.version.split()[0]
+    else:
+        try:
+            from importlib import metadata
+            out["dist_version"] = metadata.version(modname)
+        except Exception:
+            pass
+    out["file"] = getattr(mod, "__file__", None)
+    out["build"] = _build_info(mod) if name != "asyncio" else {}
+    # extension modules: path, size and mtime say which build this is
+    exts = []
+    pkg_dir = os.path.dirname(out["file"] or "")
+    if name != "asyncio" and os.path.isdir(pkg_dir):
+        for f in sorted(os.listdir(pkg_dir)):
+            if f.endswith((".so", ".pyd", ".dylib")):
+                p = os.path.join(pkg_dir, f)
+                st = os.stat(p)
+                exts.append({
+                    "file": p, "bytes": st.st_size,
+                    "mtime": time.strftime("%Y-%m-%dT%H:%M:%S%z",
+                                           time.localtime(st.st_mtime)),
+                })
+    out["extensions"] = exts
+    _emit(out)
+    return 0
+
+
+def probe_env() -> int:
+    """The interpreter and process settings that samples will run with."""
+    import platform
+    import sysconfig
+    out = {
+        "executable": sys.executable,
+        "version": sys.version,
+        "implementation": platform.python_implementation(),
+        "build": list(platform.python_build()),
+        "compiler": platform.python_compiler(),
+        "debug_build": hasattr(sys, "gettotalrefcount"),
+        "free_threaded": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+        "gil_enabled": (sys._is_gil_enabled()
+                        if hasattr(sys, "_is_gil_enabled") else True),
+        "config_args": sysconfig.get_config_var("CONFIG_ARGS"),
+        "dev_mode": sys.flags.dev_mode,
+        "optimize": sys.flags.optimize,
+        "gc_enabled": gc.isenabled(),
+        "gc_threshold": list(gc.get_threshold()),
+        "switch_interval": sys.getswitchinterval(),
+        "env": {k: v for k, v in os.environ.items()
+                if k.startswith("PYTHON") and k not in ("PYTHONPATH",)},
+    }
+    jit = getattr(sys, "_jit", None)
+    if jit is not None:
+        try:
+            out["jit_enabled"] = jit.is_enabled()
+        except Exception:
+            pass
+    _emit(out)
+    return 0
+
+
+def sample(name: str, workload: str, size: int, no_gc: bool,
+           cpus: str | None) -> int:
+    out = {"loop": name, "workload": workload, "size": size, "pid": os.getpid()}
+    if cpus:
+        try:
+            os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+        except Exception as exc:
+            out["affinity_error"] = repr(exc)
+    try:
+        out["affinity"] = sorted(os.sched_getaffinity(0))
+    except Exception:
+        out["affinity"] = None
+    try:
+        factory = workloads.get_loop_factory(name)
+    except workloads.LoopUnavailable as exc:
+        out.update(ok=False, error_kind="unavailable", error=str(exc))
+        _emit(out)
+        return 2
+    if no_gc:
+        gc.disable()
+    out["gc_enabled"] = gc.isenabled()
+    out["gc_threshold"] = list(gc.get_threshold())
+    out["rss_start"] = _maxrss_bytes()
+    try:
+        res = workloads.run_workload(workload, factory, size)
+    except BaseException as exc:
+        out.update(ok=False, error_kind="exception",
+                   error=f"{type(exc).__name__}: {exc}"[:500],
+                   traceback=traceback.format_exc()[-3000:],
+                   rss_peak=_maxrss_bytes())
+        _emit(out)
+        return 1
+    out["rss_peak"] = _maxrss_bytes()
+    out["gc_collections"] = [s.get("collections") for s in gc.get_stats()]
+    out.update(_jsonable(res))
+    if not res["ok"]:
+        out["error_kind"] = "parity"
+        out["error"] = (f"parity mismatch: got {res['parity']}, "
+                        f"expected {res['expected']}")
+        if res.get("loop_errors"):
+            out["error"] += f"; loop errors: {res['loop_errors']}"
+        _emit(out)
+        return 3
+    _emit(out)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--probe", metavar="LOOP")
+    ap.add_argument("--probe-env", action="store_true")
+    ap.add_argument("--loop")
+    ap.add_argument("--workload", choices=sorted(workloads.WORKLOADS))
+    ap.add_argument("--size", type=int)
+    ap.add_argument("--no-gc", action="store_true",
+                    help="diagnostic only: disable the cyclic GC")
+    ap.add_argument("--cpus", help="pin this process to these CPUs, e.g. 0 or 0,1")
+    a = ap.parse_args(argv)
+    if a.probe_env:
+        return probe_env()
+    if a.probe:
+        return probe(a.probe)
+    if not (a.loop and a.workload):
+        ap.error("--loop and --workload are required (or --probe)")
+    size = a.size if a.size is not None else workloads.WORKLOADS[a.workload][1]
+    return sample(a.loop, a.workload, size, a.no_gc, a.cpus)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,708 @@
+#!/usr/bin/env python3
+"""Compare event loops on the scheduling workloads, one fresh process per sample.
+
+Usage (from the repository root)::
+
+    python3 benchmarks/compare.py                 # all loops, all workloads, 5 samples
+    python3 benchmarks/compare.py --quick         # ~1-2 minutes: 3 samples, half sizes
+    python3 benchmarks/compare.py --loops uvloop,zuvrs --workloads call_soon,timers_fire
+    python3 benchmarks/compare.py --samples 9 --json run.json --markdown run.md
+    python3 benchmarks/compare.py --size call_soon=200000 --timeout 60
+
+What it does (see /work/shared/BENCHMARKING.md):
+
+* Each loop is first probed in its own process: a loop whose package is not
+  installed, or does not import, is reported as such and skipped.
+* For every workload: one warm-up process per loop (not counted), then
+  ``--samples`` rounds; each round runs every loop once, in an order rotated
+  from round to round, each sample in a fresh ``benchmarks/_sample.py``
+  process with the default GC settings.
+* A sample counts only if its parity (callbacks counted, checksums, timer
+  order) equals the expected value. Timeouts (the process group is killed),
+  crashes, exceptions and parity mismatches are recorded and shown in the
+  table cell of that loop; nothing is retried.
+* Output: a summary table (median ops/s per loop, ratios zuvrs/uvloop,
+  zuvrs/asyncio, zuvrs/rloop from medians), the ratios over uvloop, and per
+  workload the median, min, max and CV of the throughput, the median time,
+  the median peak RSS (ru_maxrss of the sample process, and its growth over
+  the RSS before the workload), and the errors; then a provenance block
+  (Python build, package versions, zuvrs commit and build, OS, CPU, affinity,
+  GC, sizes). A ratio marked ``~`` is a tie: the two loops' min..max ranges
+  of throughput overlap.
+* stdout gets the markdown; progress lines go to stderr as samples finish.
+
+Options: ``--loops``, ``--workloads``, ``--samples K`` (default 5),
+``--warmups`` (default 1), ``--quick``, ``--scale F`` / ``--size NAME=N``
+(sizes), ``--timeout S`` (per sample), ``--cpus 0`` (pin every sample),
+``--python PATH`` (interpreter for samples), ``--no-gc`` (diagnostic only,
+never a headline), ``--json out.json``, ``--markdown out.md``.
+
+Workload bodies live in ``benchmarks/workloads.py`` and are shared with the
+pytest-codspeed suite ``benchmarks/test_benchmarks.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+SAMPLE = os.path.join(HERE, "_sample.py")
+sys.path.insert(0, HERE)
+
+import workloads  # noqa: E402
+from _sample import MARKER  # noqa: E402
+
+QUICK_SCALE = 0.5
+QUICK_SAMPLES = 3
+# How zuvrs is compared; the first of these that exist get ratio columns.
+RATIO_BASES = ("uvloop", "asyncio", "rloop")
+
+
+# --------------------------------------------------------------------------
+# Running processes
+# --------------------------------------------------------------------------
+
+
+def _run_child(cmd: List[str], timeout: float) -> Dict[str, Any]:
+    """Run cmd in its own process group; kill the group on timeout.
+
+    Returns {"json": parsed marker line or None, "rc", "timed_out",
+    "stderr_tail", "wall"}.
+    """
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
+    )
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+    except BaseException:
+        # Ctrl-C in the harness: do not leave the sample running.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise
+    wall = time.perf_counter() - t0
+    data = None
+    for line in out.decode("utf-8", "replace").splitlines():
+        if line.startswith(MARKER):
+            try:
+                data = json.loads(line[len(MARKER):])
+            except ValueError:
+                data = None
+    err_s = err.decode("utf-8", "replace").strip()
+    return {
+        "json": data, "rc": proc.returncode, "timed_out": timed_out,
+        "stderr_tail": err_s[-1500:], "wall": wall,
+    }
+
+
+def _signame(rc: int) -> str:
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return f"signal {-rc}"
+
+
+def run_sample(python: str, loop: str, workload: str, size: int,
+               timeout: float, cpus: Optional[str], no_gc: bool) -> Dict[str, Any]:
+    cmd = [python, SAMPLE, "--loop", loop, "--workload", workload,
+           "--size", str(size)]
+    if cpus:
+        cmd += ["--cpus", cpus]
+    if no_gc:
+        cmd.append("--no-gc")
+    r = _run_child(cmd, timeout)
+    s: Dict[str, Any] = dict(r["json"] or {})
+    s.setdefault("loop", loop)
+    s.setdefault("workload", workload)
+    s["wall"] = r["wall"]
+    s["rc"] = r["rc"]
+    if r["timed_out"]:
+        s.update(ok=False, error_kind="timeout",
+                 error=f"timeout: killed after {timeout:g} s")
+    elif r["json"] is None:
+        if r["rc"] is not None and r["rc"] < 0:
+            kind, msg = "crash", f"crash: {_signame(r['rc'])}"
+        else:
+            kind, msg = "crash", f"crash: exit {r['rc']}, no result"
+        last = r["stderr_tail"].splitlines()[-1:] if r["stderr_tail"] else []
+        if last:
+            msg += f" ({last[0][:200]})"
+        s.update(ok=False, error_kind=kind, error=msg)
+    elif r["rc"] != 0 and s.get("ok", False):
+        s.update(ok=False, error_kind="crash",
+                 error=f"exit {r['rc']} after a good result")
+    s.setdefault("ok", False)
+    if not s["ok"]:
+        s.setdefault("error_kind", "error")
+        s.setdefault("error", "failed")
+        s["stderr_tail"] = r["stderr_tail"]
+        kind = s["error_kind"]
+        if kind == "crash":
+            short = s["error"].split(" (")[0]
+        elif kind == "parity":
+            short = "parity mismatch"
+        elif kind == "exception":
+            short = "exception " + s["error"].split(":")[0]
+        else:
+            short = kind
+        s["error_short"] = short
+    return s
+
+
+def probe_loop(python: str, loop: str) -> Dict[str, Any]:
+    r = _run_child([python, SAMPLE, "--probe", loop], 120)
+    if r["json"] is not None:
+        return r["json"]
+    why = "timeout" if r["timed_out"] else (
+        _signame(r["rc"]) if (r["rc"] or 0) < 0 else f"exit {r['rc']}")
+    return {"loop": loop, "available": False,
+            "error": f"{loop}: probe failed ({why}): {r['stderr_tail'][-300:]}"}
+
+
+def probe_env(python: str) -> Dict[str, Any]:
+    r = _run_child([python, SAMPLE, "--probe-env"], 120)
+    return r["json"] or {"error": r["stderr_tail"][-300:]}
+
+
+# --------------------------------------------------------------------------
+# Provenance
+# --------------------------------------------------------------------------
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _git(*args: str) -> Optional[str]:
+    try:
+        r = subprocess.run(["git", "-C", REPO, *args], capture_output=True,
+                           text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def machine_info() -> Dict[str, Any]:
+    info: Dict[str, Any] = {
+        "platform": platform.platform(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+    osr = _read("/etc/os-release") or ""
+    for line in osr.splitlines():
+        if line.startswith("PRETTY_NAME="):
+            info["os"] = line.split("=", 1)[1].strip('"')
+    cpu = _read("/proc/cpuinfo") or ""
+    for line in cpu.splitlines():
+        if line.startswith("model name"):
+            info["cpu_model"] = line.split(":", 1)[1].strip()
+            break
+    else:
+        info["cpu_model"] = platform.processor() or None
+    try:
+        info["affinity"] = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        info["affinity"] = None
+    gov = _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+    info["governor"] = gov.strip() if gov else "n/a"
+    mem = _read("/proc/meminfo") or ""
+    for line in mem.splitlines():
+        if line.startswith("MemTotal:"):
+            info["mem_total"] = line.split(":", 1)[1].strip()
+    try:
+        info["loadavg_start"] = list(os.getloadavg())
+    except OSError:
+        pass
+    return info
+
+
+def repo_info() -> Dict[str, Any]:
+    head = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--", "src", "python", "Cargo.toml",
+                  "Cargo.lock", "pyproject.toml")
+    return {
+        "path": REPO,
+        "commit": head or "none (no commits yet, or not a git checkout)",
+        "dirty_paths": (len(status.splitlines()) if status else 0)
+        if status is not None else None,
+    }
+
+
+# --------------------------------------------------------------------------
+# Statistics and formatting
+# --------------------------------------------------------------------------
+
+
+def fmt_rate(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:.0f}"
+
+
+def fmt_mib(b: Optional[float]) -> str:
+    return "-" if b is None else f"{b / 2**20:.0f}"
+
+
+def cell_stats(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
+    good = [s for s in samples if s.get("ok")]
+    bad = [s for s in samples if not s.get("ok")]
+    st: Dict[str, Any] = {"n": len(samples), "n_ok": len(good),
+                          "errors": [s.get("error") for s in bad],
+                          "errors_short": [s.get("error_short", "error")
+                                           for s in bad]}
+    if good:
+        rates = [s["ops"] / s["elapsed"] for s in good if s.get("elapsed")]
+        times = [s["elapsed"] for s in good]
+        st["median"] = statistics.median(rates)
+        st["min"] = min(rates)
+        st["max"] = max(rates)
+        st["cv"] = (statistics.stdev(rates) / statistics.mean(rates)
+                    if len(rates) > 1 else 0.0)
+        st["median_time"] = statistics.median(times)
+        peaks = [s["rss_peak"] for s in good if s.get("rss_peak")]
+        growth = [s["rss_peak"] - s["rss_start"] for s in good
+                  if s.get("rss_peak") and s.get("rss_start")]
+        st["rss_peak"] = statistics.median(peaks) if peaks else None
+        st["rss_growth"] = statistics.median(growth) if growth else None
+    return st
+
+
+def error_text(st: Dict[str, Any]) -> str:
+    """Short text for the failed samples of a cell ('' if none)."""
+    counts: Dict[str, int] = {}
+    for e in st["errors_short"]:
+        counts[e] = counts.get(e, 0) + 1
+    return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in counts.items())
+
+
+def status_text(st: Optional[Dict[str, Any]], unavailable: Optional[str]) -> str:
+    """What to print instead of / next to a median."""
+    if unavailable:
+        return unavailable
+    if st is None:
+        return "-"
+    if st["n_ok"] == 0:
+        return "**" + (error_text(st) or "no samples") + "**"
+    return ""
+
+
+def ratio(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]],
+          key: str = "median") -> str:
+    if not a or not b or a.get(key) is None or b.get(key) is None or not b[key]:
+        return "n/a"
+    r = a[key] / b[key]
+    s = f"{r:.2f}x"
+    if key == "median" and not (a["max"] < b["min"] or b["max"] < a["min"]):
+        s += " ~"
+    if a["n_ok"] < a["n"] or b["n_ok"] < b["n"]:
+        s += " *"
+    return s
+
+
+def build_profile(probe: Dict[str, Any]) -> Optional[str]:
+    """The build profile a loop exposes (e.g. zuvrs._zuvrs.BUILD_PROFILE)."""
+    for k, v in (probe.get("build") or {}).items():
+        if "profile" in k.lower() and isinstance(v, str):
+            return v
+    return None
+
+
+def render_markdown(report: Dict[str, Any]) -> str:
+    loops: List[str] = report["loops"]
+    unavailable: Dict[str, str] = report["unavailable"]
+    avail = [l for l in loops if l not in unavailable]
+    res = report["results"]
+    L: List[str] = []
+    gc_note = ("GC **OFF**: DIAGNOSTIC run, not a headline"
+               if report["config"]["no_gc"] else "GC on (default)")
+    L.append(f"# zuvrs scheduling benchmarks ({report['started']})")
+    L.append("")
+    L.append(f"{report['config']['samples']} samples per loop and workload, "
+             f"each in a fresh process, {report['config']['warmups']} warm-up "
+             f"process(es) not counted, loop order rotated every round, "
+             f"{gc_note}"
+             + (", **quick mode** (reduced sizes)" if report["config"]["quick"] else "")
+             + ". Throughput in operations per second, higher is better. "
+             "`~` marks a ratio whose two min..max ranges overlap (a tie); "
+             "`*` marks a ratio over a cell with failed samples.")
+    L.append("")
+    notes = [f"- **{l}**: {why}" for l, why in unavailable.items()]
+    for l in avail:
+        prof = build_profile(report["provenance"]["loops"].get(l, {}))
+        if prof and prof.lower() not in ("release", "release-lto", "lto", "bench"):
+            notes.append(f"- **{l} is a `{prof}` build**: its numbers say little "
+                         f"about a release build.")
+    if notes:
+        L.extend(notes)
+        L.append("")
+
+    # ---- summary ----
+    has_z = "zuvrs" in loops
+    bases = [b for b in RATIO_BASES if b in loops and b != "zuvrs"]
+    L.append("## Summary: median throughput")
+    L.append("")
+    head = ["workload", "size"] + loops
+    if has_z:
+        head += [f"zuvrs/{b}" for b in bases]
+    L.append("| " + " | ".join(head) + " |")
+    L.append("|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|")
+    for w, wr in res.items():
+        cells = [w, f"{wr['size']:,}"]
+        for l in loops:
+            st = wr["stats"].get(l)
+            bad = status_text(st, unavailable.get(l) and "not installed")
+            if bad and (st is None or st["n_ok"] == 0):
+                cells.append(bad)
+            else:
+                c = fmt_rate(st["median"])
+                if st["n_ok"] < st["n"]:
+                    c += f" ({st['n_ok']}/{st['n']} ok)"
+                cells.append(c)
+        if has_z:
+            for b in bases:
+                cells.append(ratio(wr["stats"].get("zuvrs"), wr["stats"].get(b)))
+        L.append("| " + " | ".join(cells) + " |")
+    L.append("")
+
+    if "uvloop" in avail and len(avail) > 1:
+        others = [l for l in loops if l != "uvloop"]
+        L.append("## Ratio over uvloop (median throughput)")
+        L.append("")
+        L.append("| workload | " + " | ".join(others) + " |")
+        L.append("|---|" + "|".join(["---:"] * len(others)) + "|")
+        for w, wr in res.items():
+            cells = [w]
+            for l in others:
+                if l in unavailable:
+                    cells.append("not installed")
+                else:
+                    cells.append(ratio(wr["stats"].get(l), wr["stats"].get("uvloop")))
+            L.append("| " + " | ".join(cells) + " |")
+        L.append("")
+
+    # ---- details ----
+    L.append("## Details per workload")
+    L.append("")
+    for w, wr in res.items():
+        L.append(f"### {w}: {wr['size']:,} {wr['description']}")
+        L.append("")
+        L.append("| loop | median ops/s | min | max | CV | median time (s) "
+                 "| peak RSS (MiB) | RSS growth (MiB) | samples ok | errors |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        for l in loops:
+            if l in unavailable:
+                L.append(f"| {l} | not installed | | | | | | | | |")
+                continue
+            st = wr["stats"][l]
+            err = error_text(st)
+            if st["n_ok"] == 0:
+                L.append(f"| {l} | **{err}** | | | | | | | 0/{st['n']} | {err} |")
+                continue
+            L.append(
+                f"| {l} | {fmt_rate(st['median'])} | {fmt_rate(st['min'])} | "
+                f"{fmt_rate(st['max'])} | {st['cv'] * 100:.1f}% | "
+                f"{st['median_time']:.3f} | {fmt_mib(st['rss_peak'])} | "
+                f"{fmt_mib(st['rss_growth'])} | {st['n_ok']}/{st['n']} | {err} |")
+        if wr.get("warmup_errors"):
+            L.append("")
+            L.append("Warm-up errors: " + "; ".join(
+                f"{l}: {e}" for l, e in wr["warmup_errors"].items()))
+        if wr.get("parity_disagreement"):
+            L.append("")
+            L.append(f"**Parity disagreement between loops**: {wr['parity_disagreement']}")
+        if has_z and "zuvrs" in avail:
+            z = wr["stats"].get("zuvrs")
+            parts = []
+            for b in bases:
+                if b in avail:
+                    bs = wr["stats"].get(b)
+                    parts.append(f"zuvrs/{b}: throughput {ratio(z, bs)}, "
+                                 f"peak RSS {ratio(z, bs, 'rss_peak')}")
+            if parts:
+                L.append("")
+                L.append("; ".join(parts) + ".")
+        L.append("")
+
+    # ---- errors ----
+    errs = []
+    for w, wr in res.items():
+        for l, samples in wr["samples"].items():
+            for i, s in enumerate(samples):
+                if not s.get("ok"):
+                    errs.append(f"- {w} / {l} / sample {i + 1}: {s.get('error')}")
+    if errs:
+        L.append("## Errors")
+        L.append("")
+        L.extend(errs)
+        L.append("")
+
+    # ---- provenance ----
+    p = report["provenance"]
+    py = p["python"]
+    m = p["machine"]
+    L.append("## Provenance")
+    L.append("")
+    L.append("```")
+    L.append(f"date (UTC)     {report['started']}  ({report['duration_s']:.0f} s)")
+    L.append(f"command        {' '.join(report['argv'])}")
+    L.append(f"python         {py.get('executable')}")
+    L.append(f"               {py.get('implementation')} {py.get('version', '').splitlines()[0] if py.get('version') else ''}")
+    L.append(f"build          debug={py.get('debug_build')} free_threaded={py.get('free_threaded')} "
+             f"gil_enabled={py.get('gil_enabled')} jit={py.get('jit_enabled', 'n/a')} "
+             f"dev_mode={py.get('dev_mode')} optimize={py.get('optimize')}")
+    L.append(f"configure      {py.get('config_args')}")
+    if py.get("env"):
+        L.append(f"env            {py.get('env')}")
+    L.append(f"GC             enabled={py.get('gc_enabled')} threshold={py.get('gc_threshold')}"
+             f" (samples: {report['gc_in_samples']})")
+    for l in loops:
+        pr = p["loops"].get(l, {})
+        if not pr.get("available"):
+            L.append(f"{l:<14} {pr.get('error', 'not available')}")
+            continue
+        line = f"{l:<14} {pr.get('version')}"
+        if pr.get("file"):
+            line += f"  ({pr['file']})"
+        L.append(line)
+        for e in pr.get("extensions", []):
+            L.append(f"{'':<14} {os.path.basename(e['file'])}: {e['bytes']:,} bytes, mtime {e['mtime']}")
+        if l == "zuvrs":
+            b = {k: v for k, v in pr.get("build", {}).items()
+                 if not k.endswith("__version__")}
+            L.append(f"{'':<14} build profile: {build_profile(pr) or 'not exposed (unknown)'}; "
+                     f"build info: {b if b else 'none exposed'}")
+        if pr.get("loop_type"):
+            L.append(f"{'':<14} loop class: {pr['loop_type']}")
+    r = p["repo"]
+    L.append(f"zuvrs repo     {r['path']} commit {r['commit']}, "
+             f"{r['dirty_paths']} changed path(s) under src/ python/ Cargo.* pyproject.toml")
+    L.append(f"OS             {m.get('os')}; {m.get('platform')}; kernel {m.get('kernel')}")
+    L.append(f"CPU            {m.get('cpu_model')}; {m.get('cpu_count')} cores; "
+             f"affinity {m.get('affinity')}; governor {m.get('governor')}; "
+             f"mem {m.get('mem_total')}")
+    L.append(f"load average   start {m.get('loadavg_start')} end {m.get('loadavg_end')}")
+    L.append(f"samples        {report['config']['samples']} per cell, "
+             f"warm-ups {report['config']['warmups']}, timeout {report['config']['timeout']:g} s, "
+             f"cpus {report['config']['cpus'] or 'not pinned'}")
+    L.append("sizes          " + ", ".join(f"{w}={wr['size']:,}" for w, wr in res.items()))
+    L.append("```")
+    L.append("")
+    L.append("Stock asyncio is the control: if its numbers are far from their "
+             "usual values on this machine, distrust the whole run.")
+    return "\n".join(L) + "\n"
+
+
+# --------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------
+
+
+def _progress(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def _csv(s: str) -> List[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(
+        description="Compare event loops on scheduling workloads "
+                    "(fresh process per sample).",
+        epilog="See the module docstring for details.")
+    ap.add_argument("--loops", default=",".join(workloads.LOOP_NAMES),
+                    help="comma-separated (default: %(default)s)")
+    ap.add_argument("--workloads", default=",".join(workloads.WORKLOADS),
+                    help="comma-separated (default: all: %(default)s)")
+    ap.add_argument("--samples", type=int, default=None,
+                    help="measured samples per loop and workload (default 5, quick 3)")
+    ap.add_argument("--warmups", type=int, default=1,
+                    help="warm-up processes per loop and workload, not counted")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{QUICK_SAMPLES} samples and sizes x{QUICK_SCALE} "
+                         "(about 2 minutes for everything)")
+    ap.add_argument("--scale", type=float, default=None,
+                    help="multiply every default size by this")
+    ap.add_argument("--size", action="append", default=[], metavar="NAME=N",
+                    help="size of one workload (repeatable)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds before a sample is killed (default 120, quick 60)")
+    ap.add_argument("--cpus", default=None,
+                    help="pin every sample to these CPUs, e.g. 0 (default: not pinned)")
+    ap.add_argument("--python", default=sys.executable,
+                    help="interpreter that runs the samples (default: this one)")
+    ap.add_argument("--no-gc", action="store_true",
+                    help="DIAGNOSTIC: disable the GC in samples (never a headline)")
+    ap.add_argument("--json", metavar="PATH", help="write all data as JSON")
+    ap.add_argument("--markdown", metavar="PATH", help="also write the markdown here")
+    a = ap.parse_args(argv)
+
+    loops = _csv(a.loops)
+    for l in loops:
+        if l not in workloads.LOOP_NAMES:
+            ap.error(f"unknown loop {l!r}; known: {', '.join(workloads.LOOP_NAMES)}")
+    wnames = _csv(a.workloads)
+    for w in wnames:
+        if w not in workloads.WORKLOADS:
+            ap.error(f"unknown workload {w!r}; known: {', '.join(workloads.WORKLOADS)}")
+    samples_k = a.samples if a.samples is not None else (QUICK_SAMPLES if a.quick else 5)
+    if samples_k < 1:
+        ap.error("--samples must be >= 1")
+    timeout = a.timeout if a.timeout is not None else (60.0 if a.quick else 120.0)
+    scale = a.scale if a.scale is not None else (QUICK_SCALE if a.quick else 1.0)
+    sizes = {w: max(1, int(workloads.WORKLOADS[w][1] * scale)) for w in wnames}
+    for spec in a.size:
+        name, _, val = spec.partition("=")
+        if name not in sizes or not val.isdigit():
+            ap.error(f"bad --size {spec!r} (workload must be selected; N an integer)")
+        sizes[name] = int(val)
+
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    t_start = time.perf_counter()
+    _progress(f"compare.py: loops {loops}, workloads {wnames}, {samples_k} samples, "
+              f"timeout {timeout:g} s, python {a.python}")
+
+    machine = machine_info()
+    env = probe_env(a.python)
+    loop_info: Dict[str, Any] = {}
+    unavailable: Dict[str, str] = {}
+    for l in loops:
+        info = probe_loop(a.python, l)
+        loop_info[l] = info
+        if info.get("available"):
+            _progress(f"  {l}: {info.get('version')} ({info.get('file')})")
+        else:
+            why = info.get("error", "not available")
+            unavailable[l] = ("not installed" if why.endswith("not installed")
+                              else why)
+            _progress(f"  {why}" if why.startswith(l + ":") else f"  {l}: {why}")
+    avail = [l for l in loops if l not in unavailable]
+
+    per_cell = samples_k + a.warmups
+    total = len(wnames) * len(avail) * per_cell
+    done = 0
+    results: Dict[str, Any] = {}
+    gc_seen = set()
+    rot = 0
+    for wi, w in enumerate(wnames):
+        size = sizes[w]
+        wr: Dict[str, Any] = {
+            "size": size, "description": workloads.WORKLOADS[w][2],
+            "samples": {l: [] for l in avail}, "warmups": {l: [] for l in avail},
+            "warmup_errors": {},
+        }
+        results[w] = wr
+        rounds = [("warm-up", i) for i in range(a.warmups)] + \
+                 [("round", i) for i in range(samples_k)]
+        for kind, i in rounds:
+            if avail:
+                k = rot % len(avail)
+                order = avail[k:] + avail[:k]
+                rot += 1
+            else:
+                order = []
+            for l in order:
+                s = run_sample(a.python, l, w, size, timeout, a.cpus, a.no_gc)
+                done += 1
+                if "gc_enabled" in s:
+                    gc_seen.add(s["gc_enabled"])
+                if kind == "warm-up":
+                    wr["warmups"][l].append(s)
+                    if not s.get("ok"):
+                        wr["warmup_errors"][l] = s.get("error")
+                    label = "warm-up"
+                else:
+                    wr["samples"][l].append(s)
+                    label = f"round {i + 1}/{samples_k}"
+                if s.get("ok"):
+                    what = (f"{fmt_rate(s['ops'] / s['elapsed'])} ops/s "
+                            f"({s['elapsed']:.3f} s, peak RSS {fmt_mib(s.get('rss_peak'))} MiB)")
+                else:
+                    what = f"ERROR {s.get('error')}"
+                _progress(f"[{done}/{total}] {w:<16} {l:<8} {label:<11} {what}")
+        wr["stats"] = {l: cell_stats(wr["samples"][l]) for l in avail}
+        # Parity must agree across loops (each sample was already checked
+        # against the expected value; this catches a wrong expectation).
+        seen = {}
+        for l in avail:
+            for s in wr["samples"][l]:
+                if s.get("ok"):
+                    seen.setdefault(json.dumps(s.get("parity"), sort_keys=True), l)
+        if len(seen) > 1:
+            wr["parity_disagreement"] = seen
+        # loop class as seen by the samples (provenance)
+        for l in avail:
+            for s in wr["samples"][l] + wr["warmups"][l]:
+                if s.get("loop_type"):
+                    loop_info[l].setdefault("loop_type", s["loop_type"])
+
+    m = machine
+    try:
+        m["loadavg_end"] = list(os.getloadavg())
+    except OSError:
+        pass
+    report = {
+        "started": started,
+        "duration_s": time.perf_counter() - t_start,
+        "argv": [os.path.relpath(sys.argv[0], REPO) if sys.argv and sys.argv[0] else "compare.py"]
+        + (argv if argv is not None else sys.argv[1:]),
+        "loops": loops,
+        "unavailable": unavailable,
+        "config": {"samples": samples_k, "warmups": a.warmups, "quick": a.quick,
+                   "scale": scale, "timeout": timeout, "cpus": a.cpus,
+                   "no_gc": a.no_gc, "sizes": sizes},
+        "gc_in_samples": ("enabled" if gc_seen == {True} else
+                          "DISABLED" if gc_seen == {False} else
+                          "mixed" if gc_seen else "n/a"),
+        "provenance": {"python": env, "loops": loop_info, "repo": repo_info(),
+                       "machine": m},
+        "results": results,
+    }
+    md = render_markdown(report)
+    sys.stdout.write(md)
+    sys.stdout.flush()
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(md)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1, default=repr)
+    _progress(f"compare.py: done in {report['duration_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

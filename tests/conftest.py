@@ -1,0 +1,92 @@
+import asyncio
+import faulthandler
+import os
+import sys
+import types
+import warnings
+
+import pytest
+
+# Make the shared helpers importable under any --import-mode.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+from _support import LOOP_NAMES, LoopFactory  # noqa: E402
+
+# A hard per-test watchdog: a loop that deadlocks inside native code cannot be
+# interrupted by the Guard timers, so dump every thread's stack and exit.
+WATCHDOG_SECONDS = 120
+
+
+@pytest.fixture(autouse=True)
+def _watchdog(request):
+    if request.config.getini("faulthandler_timeout"):
+        yield  # pytest's own faulthandler watchdog is configured
+        return
+    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture(params=LOOP_NAMES)
+def loop_factory(request):
+    """A zero-argument callable making a new loop of the kind under test."""
+    if request.param == "zuvrs":
+        pytest.importorskip("zuvrs")
+    return LoopFactory(request.param)
+
+
+@pytest.fixture
+def loop_name(loop_factory):
+    return loop_factory.name
+
+
+@pytest.fixture
+def loop(loop_factory):
+    lp = loop_factory()
+    try:
+        yield lp
+    finally:
+        if not lp.is_closed():
+            lp.close()
+        asyncio.set_event_loop(None)
+
+
+@pytest.fixture
+def flavor(loop_name):
+    """The module-level API of the loop under test, uvloop style.
+
+    For asyncio the equivalents are the selector loop, the default policy
+    and asyncio.run, so API tests can compare zuvrs against them.
+    """
+    if loop_name == "asyncio":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            policy_cls = asyncio.DefaultEventLoopPolicy
+
+        def install():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                asyncio.set_event_loop_policy(policy_cls())
+
+        return types.SimpleNamespace(
+            name="asyncio",
+            Loop=asyncio.SelectorEventLoop,
+            new_event_loop=asyncio.SelectorEventLoop,
+            EventLoopPolicy=policy_cls,
+            install=install,
+            run=asyncio.run,
+        )
+    import zuvrs
+
+    return types.SimpleNamespace(
+        name="zuvrs",
+        Loop=zuvrs.Loop,
+        new_event_loop=zuvrs.new_event_loop,
+        EventLoopPolicy=zuvrs.EventLoopPolicy,
+        install=zuvrs.install,
+        run=zuvrs.run,
+    )

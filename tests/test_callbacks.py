@@ -1,0 +1,493 @@
+"""call_soon, Handle, contexts and the exception handler."""
+
+import asyncio
+import contextvars
+import functools
+import logging
+
+import pytest
+
+from _support import PY312, collect_exceptions, run, run_forever, run_once
+
+
+# -- ordering and arguments ----------------------------------------------------
+
+def test_call_soon_is_fifo(loop):
+    calls = []
+    for i in range(1000):
+        loop.call_soon(calls.append, i)
+    run_once(loop)
+    assert calls == list(range(1000))
+
+
+def test_call_soon_and_threadsafe_share_one_fifo(loop):
+    calls = []
+    for i in range(100):
+        if i % 3:
+            loop.call_soon(calls.append, i)
+        else:
+            loop.call_soon_threadsafe(calls.append, i)
+    run_once(loop)
+    assert calls == list(range(100))
+
+
+@pytest.mark.parametrize("nargs", range(6))
+def test_call_soon_positional_args(loop, nargs):
+    received = []
+    args = tuple(object() for _ in range(nargs))
+    handle = loop.call_soon(lambda *a: received.append(a), *args)
+    run_once(loop)
+    assert len(received) == 1
+    assert len(received[0]) == nargs
+    assert all(x is y for x, y in zip(received[0], args))
+    assert not handle.cancelled()
+
+
+def test_call_soon_partial_with_kwargs(loop):
+    received = []
+    loop.call_soon(functools.partial(lambda a, *, b: received.append((a, b)), 1, b=2))
+    run_once(loop)
+    assert received == [(1, 2)]
+
+
+def test_call_soon_return_value_is_ignored(loop):
+    contexts = collect_exceptions(loop)
+    loop.call_soon(lambda: "ignored")
+    loop.call_soon(lambda: 1 / 1)
+    run_once(loop)
+    assert contexts == []
+
+
+def test_callbacks_scheduled_during_a_turn_run_in_the_next_turn(loop):
+    calls = []
+
+    def level(n):
+        calls.append(n)
+        if n < 3:
+            loop.call_soon(level, n + 1)
+
+    loop.call_soon(level, 0)
+    loop.call_soon(calls.append, "same-turn")
+    for expected in (
+        [0, "same-turn"],
+        [0, "same-turn", 1],
+        [0, "same-turn", 1, 2],
+        [0, "same-turn", 1, 2, 3],
+    ):
+        run_once(loop)
+        assert calls == expected
+
+
+def test_long_callback_chain(loop):
+    count = 0
+
+    def step():
+        nonlocal count
+        count += 1
+        if count < 10000:
+            loop.call_soon(step)
+        else:
+            loop.stop()
+
+    loop.call_soon(step)
+    run_forever(loop)
+    assert count == 10000
+
+
+# -- Handle -------------------------------------------------------------------
+
+def test_handle_cancel_before_run(loop):
+    calls = []
+    h1 = loop.call_soon(calls.append, 1)
+    h2 = loop.call_soon(calls.append, 2)
+    assert not h2.cancelled()
+    h2.cancel()
+    assert h2.cancelled()
+    h2.cancel()  # idempotent
+    assert h2.cancelled()
+    run_once(loop)
+    assert calls == [1]
+    assert not h1.cancelled()
+
+
+def test_handle_cancelled_by_earlier_callback_in_same_turn(loop):
+    calls = []
+    handles = {}
+
+    def first():
+        calls.append("first")
+        handles["victim"].cancel()
+
+    loop.call_soon(first)
+    handles["victim"] = loop.call_soon(calls.append, "victim")
+    loop.call_soon(calls.append, "last")
+    run_once(loop)
+    assert calls == ["first", "last"]
+    assert handles["victim"].cancelled()
+
+
+def test_handle_cancel_all_then_loop_idles(loop):
+    calls = []
+    handles = [loop.call_soon(calls.append, i) for i in range(100)]
+    for h in handles:
+        h.cancel()
+    run(loop, asyncio.sleep(0.01))
+    assert calls == []
+
+
+def _require_get_context(handle, loop_name):
+    if not hasattr(handle, "get_context") and loop_name == "asyncio":
+        pytest.skip("asyncio.Handle.get_context() is new in 3.12")
+    assert PY312 or loop_name == "zuvrs" or hasattr(handle, "get_context")
+
+
+def test_handle_get_context_explicit(loop, loop_name):
+    ctx = contextvars.Context()
+    h = loop.call_soon(print, context=ctx)
+    _require_get_context(h, loop_name)
+    assert h.get_context() is ctx
+    h.cancel()
+
+
+def test_handle_get_context_default_is_a_copy(loop, loop_name):
+    var = contextvars.ContextVar("var", default="default")
+    token = var.set("at-schedule")
+    try:
+        h = loop.call_soon(print)
+        _require_get_context(h, loop_name)
+        ctx = h.get_context()
+        assert isinstance(ctx, contextvars.Context)
+        assert ctx[var] == "at-schedule"
+        var.set("changed")
+        assert ctx[var] == "at-schedule"
+        h.cancel()
+    finally:
+        var.reset(token)
+
+
+# -- contexts ------------------------------------------------------------------
+
+SCHEDULERS = {
+    "call_soon": lambda lp, cb, ctx: lp.call_soon(cb, context=ctx),
+    "call_soon_threadsafe": lambda lp, cb, ctx: lp.call_soon_threadsafe(cb, context=ctx),
+    "call_later": lambda lp, cb, ctx: lp.call_later(0, cb, context=ctx),
+    "call_at": lambda lp, cb, ctx: lp.call_at(lp.time(), cb, context=ctx),
+}
+
+
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+def test_context_kwarg(loop, scheduler):
+    var = contextvars.ContextVar("var", default="default")
+    ctx = contextvars.Context()
+    ctx.run(var.set, "in-ctx")
+    seen = []
+
+    def cb():
+        seen.append(var.get())
+        var.set("mutated")
+        loop.stop()
+
+    SCHEDULERS[scheduler](loop, cb, ctx)
+    run_forever(loop)
+    assert seen == ["in-ctx"]
+    # The mutation happened inside ctx, not in the caller's context.
+    assert var.get() == "default"
+    assert ctx[var] == "mutated"
+
+
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+def test_default_context_is_copied_at_call_time(loop, scheduler):
+    var = contextvars.ContextVar("var", default="default")
+    token = var.set("at-schedule")
+    seen = []
+
+    def cb():
+        seen.append(var.get())
+        var.set("mutated-in-callback")
+        loop.stop()
+
+    try:
+        SCHEDULERS[scheduler](loop, cb, None)
+        var.set("after-schedule")
+        run_forever(loop)
+        assert seen == ["at-schedule"]
+        assert var.get() == "after-schedule"
+    finally:
+        var.reset(token)
+
+
+def test_each_callback_gets_its_own_context_copy(loop):
+    var = contextvars.ContextVar("var", default=0)
+    seen = []
+
+    def cb():
+        seen.append(var.get())
+        var.set(var.get() + 1)
+
+    for _ in range(3):
+        loop.call_soon(cb)
+    run_once(loop)
+    assert seen == [0, 0, 0]
+
+
+def test_shared_explicit_context_accumulates(loop):
+    var = contextvars.ContextVar("var", default=0)
+    ctx = contextvars.Context()
+    seen = []
+
+    def cb():
+        seen.append(var.get())
+        var.set(var.get() + 1)
+
+    for _ in range(3):
+        loop.call_soon(cb, context=ctx)
+    run_once(loop)
+    assert seen == [0, 1, 2]
+    assert ctx[var] == 3
+
+
+# -- exceptions in callbacks ------------------------------------------------------
+
+def test_exception_in_callback_goes_to_handler(loop):
+    contexts = collect_exceptions(loop)
+    exc = ValueError("boom")
+    calls = []
+
+    def bad():
+        raise exc
+
+    handle = loop.call_soon(bad)
+    loop.call_soon(calls.append, "after")
+    loop.call_later(0.01, calls.append, "timer")
+    loop.call_later(0.02, loop.stop)
+    run_forever(loop)
+    assert calls == ["after", "timer"]
+    assert len(contexts) == 1
+    lp, ctx = contexts[0]
+    assert lp is loop
+    assert ctx["message"].startswith("Exception in callback")
+    assert ctx["exception"] is exc
+    assert ctx["handle"] is handle
+
+
+def test_exception_in_timer_callback_goes_to_handler(loop):
+    contexts = collect_exceptions(loop)
+
+    def bad():
+        raise KeyError("timer")
+
+    handle = loop.call_later(0.001, bad)
+    loop.call_later(0.02, loop.stop)
+    run_forever(loop)
+    assert len(contexts) == 1
+    ctx = contexts[0][1]
+    assert ctx["message"].startswith("Exception in callback")
+    assert isinstance(ctx["exception"], KeyError)
+    assert ctx["handle"] is handle
+
+
+def test_many_failing_callbacks_loop_keeps_running(loop):
+    contexts = collect_exceptions(loop)
+    for i in range(100):
+        loop.call_soon(lambda i=i: 1 / 0)
+    assert run(loop, asyncio.sleep(0.01, "alive")) == "alive"
+    assert len(contexts) == 100
+    assert all(isinstance(c["exception"], ZeroDivisionError) for _, c in contexts)
+
+
+def test_exception_in_callback_logged_by_default_handler(loop, caplog):
+    exc = RuntimeError("logged boom")
+
+    def bad():
+        raise exc
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        loop.call_soon(bad)
+        run_once(loop)
+    records = [r for r in caplog.records if r.name == "asyncio"]
+    assert len(records) == 1
+    assert records[0].levelno == logging.ERROR
+    assert records[0].getMessage().startswith("Exception in callback")
+    assert records[0].exc_info[1] is exc
+
+
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
+def test_base_exception_in_callback_propagates_from_run_forever(loop, exc_type):
+    contexts = collect_exceptions(loop)
+    calls = []
+
+    def bad():
+        raise exc_type()
+
+    loop.call_soon(calls.append, "before")
+    loop.call_soon(bad)
+    loop.call_soon(calls.append, "after")
+    with pytest.raises(exc_type):
+        run_forever(loop)
+    assert not loop.is_running()
+    assert calls == ["before"]
+    assert contexts == []
+    # The loop is still usable and the remaining callback was not lost.
+    run_once(loop)
+    assert calls == ["before", "after"]
+
+
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
+def test_base_exception_in_callback_propagates_from_run_until_complete(loop, exc_type):
+    def bad():
+        raise exc_type()
+
+    fut = loop.create_future()
+    loop.call_soon(bad)
+    with pytest.raises(exc_type):
+        run(loop, fut)
+    assert not loop.is_running()
+    loop.call_soon(fut.set_result, "finished")
+    assert run(loop, fut) == "finished"
+
+
+# -- exception handler API ---------------------------------------------------------
+
+def test_set_get_exception_handler(loop):
+    assert loop.get_exception_handler() is None
+
+    def handler(lp, ctx):
+        pass
+
+    loop.set_exception_handler(handler)
+    assert loop.get_exception_handler() is handler
+    loop.set_exception_handler(None)
+    assert loop.get_exception_handler() is None
+    with pytest.raises(TypeError, match="A callable object or None is expected"):
+        loop.set_exception_handler(1)
+    assert loop.get_exception_handler() is None
+
+
+def test_call_exception_handler_with_custom_handler(loop):
+    contexts = collect_exceptions(loop)
+    context = {"message": "custom", "exception": ValueError("x"), "extra": 42}
+    loop.call_exception_handler(context)
+    assert len(contexts) == 1
+    lp, got = contexts[0]
+    assert lp is loop
+    assert got == context
+
+
+def test_call_exception_handler_default_logs(loop, caplog):
+    exc = ValueError("the exception")
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        loop.call_exception_handler({"message": "hello from test", "exception": exc})
+    records = [r for r in caplog.records if r.name == "asyncio"]
+    assert len(records) == 1
+    assert records[0].levelno == logging.ERROR
+    assert records[0].getMessage().startswith("hello from test")
+    assert records[0].exc_info[1] is exc
+
+
+def test_default_exception_handler_direct_call(loop, caplog):
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        loop.default_exception_handler({"message": "direct call", "custom_key": "custom_value"})
+    records = [r for r in caplog.records if r.name == "asyncio"]
+    assert len(records) == 1
+    text = records[0].getMessage()
+    assert text.startswith("direct call")
+    assert "custom_key: 'custom_value'" in text
+
+
+def test_custom_handler_can_delegate_to_default(loop, caplog):
+    seen = []
+
+    def handler(lp, ctx):
+        seen.append(ctx["message"])
+        lp.default_exception_handler(ctx)
+
+    loop.set_exception_handler(handler)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        loop.call_soon(lambda: 1 / 0)
+        run_once(loop)
+    assert len(seen) == 1 and seen[0].startswith("Exception in callback")
+    records = [r for r in caplog.records if r.name == "asyncio"]
+    assert len(records) == 1
+    assert isinstance(records[0].exc_info[1], ZeroDivisionError)
+
+
+def test_failing_exception_handler_is_logged(loop, caplog):
+    def handler(lp, ctx):
+        raise RuntimeError("handler failed")
+
+    loop.set_exception_handler(handler)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        loop.call_soon(lambda: 1 / 0)
+        loop.call_soon(loop.stop)
+        run_forever(loop)
+    messages = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+    assert any("Unhandled error in exception handler" in m for m in messages), messages
+    assert not loop.is_running()
+
+
+# -- argument checking ------------------------------------------------------------
+
+def test_call_soon_without_callback(loop):
+    with pytest.raises(TypeError):
+        loop.call_soon()
+
+
+def test_call_soon_unknown_kwarg(loop):
+    with pytest.raises(TypeError):
+        loop.call_soon(print, foo=1)
+    with pytest.raises(TypeError):
+        loop.call_soon_threadsafe(print, foo=1)
+    with pytest.raises(TypeError):
+        loop.call_later(0, print, foo=1)
+    with pytest.raises(TypeError):
+        loop.call_at(0, print, foo=1)
+
+
+def test_call_later_call_at_missing_callback(loop):
+    with pytest.raises(TypeError):
+        loop.call_later(1)
+    with pytest.raises(TypeError):
+        loop.call_at(1)
+
+
+async def _coro_fn():
+    pass
+
+
+DEBUG_SCHEDULERS = {
+    "call_soon": lambda lp, cb: lp.call_soon(cb),
+    "call_soon_threadsafe": lambda lp, cb: lp.call_soon_threadsafe(cb),
+    "call_later": lambda lp, cb: lp.call_later(0, cb),
+    "call_at": lambda lp, cb: lp.call_at(lp.time(), cb),
+}
+
+
+@pytest.mark.parametrize("scheduler", sorted(DEBUG_SCHEDULERS))
+def test_debug_rejects_non_callable(loop, scheduler):
+    loop.set_debug(True)
+    with pytest.raises(TypeError, match="a callable object was expected by"):
+        DEBUG_SCHEDULERS[scheduler](loop, 1)
+
+
+@pytest.mark.parametrize("scheduler", sorted(DEBUG_SCHEDULERS))
+def test_debug_rejects_coroutine_function(loop, scheduler):
+    loop.set_debug(True)
+    with pytest.raises(TypeError, match="coroutines cannot be used with"):
+        DEBUG_SCHEDULERS[scheduler](loop, _coro_fn)
+    coro = _coro_fn()
+    try:
+        with pytest.raises(TypeError, match="coroutines cannot be used with"):
+            DEBUG_SCHEDULERS[scheduler](loop, coro)
+    finally:
+        coro.close()
+
+
+def test_non_debug_non_callable_fails_when_run(loop):
+    # Without debug mode asyncio accepts the object and fails at call time.
+    contexts = collect_exceptions(loop)
+    handle = loop.call_soon(1)
+    run_once(loop)
+    assert len(contexts) == 1
+    ctx = contexts[0][1]
+    assert isinstance(ctx["exception"], TypeError)
+    assert ctx["handle"] is handle

@@ -1,0 +1,242 @@
+"""Resource stability: RSS, gc-tracked objects and file descriptors stay flat.
+
+Each workload runs one warm-up round (allocator arenas, caches, free lists
+and lazily created loop internals settle there), then several measured
+rounds.  The same tolerances apply to both loops; they are far below what a
+leak of one small object per callback would cost over the measured volume
+(e.g. 1,000,000 call_soon handles x 16 bytes = 16 MB).
+"""
+
+import asyncio
+import gc
+import socket
+import warnings
+
+import pytest
+
+from _support import fd_count, gc_object_count, rss_bytes, run, run_forever, run_once
+
+MiB = 1024 * 1024
+RSS_TOLERANCE = 6 * MiB
+OBJECT_TOLERANCE = 300
+ROUNDS = 5
+
+
+def _measure(workload, rounds=ROUNDS):
+    workload()  # warm-up
+    objs0 = gc_object_count()
+    rss0 = rss_bytes()
+    for _ in range(rounds):
+        workload()
+    objs1 = gc_object_count()
+    rss1 = rss_bytes()
+    return rss1 - rss0, objs1 - objs0
+
+
+def _assert_flat(rss_growth, obj_growth):
+    assert rss_growth < RSS_TOLERANCE, f"RSS grew by {rss_growth / MiB:.1f} MiB"
+    assert obj_growth < OBJECT_TOLERANCE, f"{obj_growth} more gc-tracked objects"
+
+
+def _noop(*args):
+    pass
+
+
+def test_call_soon_handles_do_not_leak(loop):
+    per_round, chunk = 200_000, 20_000  # 5 measured rounds = 1,000,000 handles
+    count = 0
+
+    def cb(i):
+        nonlocal count
+        count += 1
+
+    def workload():
+        for _ in range(per_round // chunk):
+            for i in range(chunk):
+                loop.call_soon(cb, i)
+            run_once(loop)
+
+    _assert_flat(*_measure(workload))
+    assert count == per_round * (ROUNDS + 1)
+
+
+def test_call_soon_with_context_and_cancel_do_not_leak(loop):
+    import contextvars
+
+    ctx = contextvars.Context()
+
+    def workload():
+        for _ in range(5):
+            handles = [loop.call_soon(_noop, i, context=ctx) for i in range(10_000)]
+            for h in handles[::2]:
+                h.cancel()
+            del handles
+            run_once(loop)
+
+    _assert_flat(*_measure(workload))
+
+
+def test_call_soon_threadsafe_does_not_leak(loop):
+    def workload():
+        for _ in range(5):
+            for i in range(10_000):
+                loop.call_soon_threadsafe(_noop, i)
+            run_once(loop)
+
+    _assert_flat(*_measure(workload))
+
+
+def test_fired_timers_do_not_leak(loop):
+    per_round = 20_000  # 5 measured rounds = 100,000 fired timers
+    fired = 0
+
+    def cb(i):
+        nonlocal fired
+        fired += 1
+        if fired % per_round == 0:
+            loop.stop()
+
+    def workload():
+        for i in range(per_round):
+            loop.call_later((i % 10) * 0.0002, cb, i)
+        run_forever(loop, timeout=30)
+
+    _assert_flat(*_measure(workload))
+    assert fired == per_round * (ROUNDS + 1)
+
+
+def test_cancelled_timers_do_not_leak(loop):
+    per_round = 20_000  # 5 measured rounds = 100,000 cancelled timers
+    fired = []
+
+    def workload():
+        handles = [loop.call_later(3600 + i, fired.append, i) for i in range(per_round)]
+        for h in handles:
+            h.cancel()
+        del handles
+        run_once(loop)
+        run_once(loop)
+
+    _assert_flat(*_measure(workload))
+    assert fired == []
+
+
+def test_tasks_do_not_leak(loop):
+    async def child(i):
+        await asyncio.sleep(0)
+        return i
+
+    async def main():
+        results = await asyncio.gather(*(child(i) for i in range(5_000)))
+        assert len(results) == 5_000
+
+    _assert_flat(*_measure(lambda: run(loop, main(), timeout=30)))
+
+
+def test_io_watchers_do_not_leak(loop):
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    reads = 0
+
+    def on_readable():
+        nonlocal reads
+        a.recv(100)
+        reads += 1
+        loop.remove_reader(a.fileno())
+        loop.stop()
+
+    def workload():
+        for _ in range(2_000):
+            loop.add_reader(a.fileno(), on_readable)
+            b.send(b"x")
+            run_forever(loop)
+            loop.add_writer(a.fileno(), _noop)
+            loop.remove_writer(a.fileno())
+
+    try:
+        _assert_flat(*_measure(workload))
+    finally:
+        a.close()
+        b.close()
+    assert reads == 2_000 * (ROUNDS + 1)
+
+
+# -- whole loops ---------------------------------------------------------------
+
+def _use_loop(lp):
+    async def main():
+        await asyncio.sleep(0)
+        fut = lp.create_future()
+        lp.call_later(0.0001, fut.set_result, None)
+        await fut
+
+    run(lp, main())
+
+
+def test_created_and_closed_loops_do_not_leak_fds(loop_factory):
+    def workload():
+        for _ in range(50):
+            lp = loop_factory()
+            _use_loop(lp)
+            lp.close()
+
+    workload()
+    gc.collect()
+    fds0 = fd_count()
+    rss_growth, obj_growth = _measure(workload, rounds=4)
+    gc.collect()
+    assert fd_count() == fds0
+    _assert_flat(rss_growth, obj_growth)
+
+
+def test_loops_with_signal_handlers_do_not_leak_fds(loop_factory):
+    import signal
+
+    def workload():
+        for _ in range(20):
+            lp = loop_factory()
+            lp.add_signal_handler(signal.SIGUSR1, _noop)
+            _use_loop(lp)
+            lp.close()
+
+    workload()
+    fds0 = fd_count()
+    for _ in range(3):
+        workload()
+    gc.collect()
+    assert fd_count() == fds0
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+
+
+def test_unclosed_loops_release_fds_when_collected(loop_factory):
+    def make_and_drop():
+        for _ in range(20):
+            lp = loop_factory()
+            _use_loop(lp)
+            del lp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # "unclosed event loop"
+        make_and_drop()
+        gc.collect()
+        fds0 = fd_count()
+        for _ in range(3):
+            make_and_drop()
+        gc.collect()
+    assert fd_count() == fds0
+
+
+@pytest.mark.parametrize("n", [200])
+def test_many_loops_alive_at_once(loop_factory, n):
+    fds0 = fd_count()
+    loops = [loop_factory() for _ in range(n)]
+    try:
+        for lp in loops[:10]:
+            _use_loop(lp)
+    finally:
+        for lp in loops:
+            lp.close()
+    del loops
+    gc.collect()
+    assert fd_count() == fds0

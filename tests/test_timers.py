@@ -1,0 +1,317 @@
+"""call_later / call_at / TimerHandle / asyncio.sleep."""
+
+import asyncio
+import random
+import sys
+import time
+
+import pytest
+
+from _support import collect_exceptions, run, run_forever, run_once
+
+CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
+
+
+def _run_until_count(loop, fired, count, timeout=5.0):
+    """Run the loop until ``fired`` holds ``count`` entries."""
+    def check():
+        if len(fired) >= count:
+            loop.stop()
+        else:
+            loop.call_later(0.001, check)
+
+    loop.call_soon(check)
+    run_forever(loop, timeout)
+
+
+def test_timers_fire_in_deadline_order_fifo_for_equal_delays(loop):
+    rng = random.Random(1234)
+    # 20 distinct delays, 10 ms apart, each used 50 times, shuffled.
+    delays = [(i % 20) * 0.01 for i in range(1000)]
+    rng.shuffle(delays)
+    fired = []
+
+    def record(i):
+        fired.append(i)
+        if len(fired) == len(delays):
+            loop.stop()
+
+    handles = [loop.call_later(d, record, i) for i, d in enumerate(delays)]
+    run_forever(loop)
+    assert fired == sorted(range(len(delays)), key=lambda i: (delays[i], i))
+    assert not any(h.cancelled() for h in handles)
+
+
+def test_equal_delays_fire_fifo(loop):
+    fired = []
+    for i in range(1000):
+        loop.call_later(0.01, fired.append, i)
+    loop.call_later(0.05, loop.stop)
+    run_forever(loop)
+    assert fired == list(range(1000))
+
+
+def test_call_at_fires_in_deadline_order(loop):
+    base = loop.time() + 0.02
+    offsets = [0.004 * i for i in range(25)]
+    shuffled = offsets[:]
+    random.Random(99).shuffle(shuffled)
+    fired = []
+    for off in shuffled:
+        loop.call_at(base + off, fired.append, off)
+    _run_until_count(loop, fired, len(offsets))
+    assert fired == offsets
+
+
+DELAYS = [0, 0.0001, 0.0009, 0.001, 0.0015, 0.0029, 0.003, 0.01, 0.0234, 0.05]
+
+
+@pytest.mark.parametrize("delay", DELAYS)
+def test_timer_does_not_fire_early(loop, delay):
+    result = []
+
+    def cb():
+        result.append((loop.time(), time.monotonic()))
+        loop.stop()
+
+    t_sched = time.monotonic()
+    handle = loop.call_later(delay, cb)
+    run_forever(loop)
+    loop_t, mono_t = result[0]
+    assert loop_t >= handle.when() - CLOCK_RESOLUTION
+    # Real elapsed time: libuv-style millisecond clocks may round; allow 1 ms.
+    assert mono_t - t_sched >= delay - 0.001
+    assert mono_t - t_sched < delay + 1.0
+
+
+def test_many_timers_do_not_fire_early(loop):
+    rng = random.Random(7)
+    lateness = []
+    early = []
+
+    def cb(when_box):
+        now = loop.time()
+        if now < when_box[0] - CLOCK_RESOLUTION:
+            early.append((now, when_box[0]))
+        lateness.append(now - when_box[0])
+
+    for _ in range(500):
+        box = []
+        box.append(loop.call_later(rng.uniform(0, 0.05), cb, box).when())
+    _run_until_count(loop, lateness, 500)
+    assert early == []
+    assert max(lateness) < 1.0
+
+
+def test_call_at_in_the_past_fires_next_iteration(loop):
+    fired = []
+    loop.call_at(loop.time() - 10, fired.append, "past")
+    run_once(loop)
+    assert fired == ["past"]
+
+
+@pytest.mark.parametrize("delay", [0, -1, -1e6])
+def test_call_later_zero_or_negative_fires_next_iteration(loop, delay):
+    fired = []
+    handle = loop.call_later(delay, fired.append, delay)
+    assert handle.when() <= loop.time()
+    run_once(loop)
+    assert fired == [delay]
+
+
+def test_timer_when_call_at(loop):
+    when = loop.time() + 12.5
+    handle = loop.call_at(when, print)
+    assert handle.when() == when
+    handle.cancel()
+    assert handle.when() == when
+
+
+def test_timer_when_call_later(loop):
+    t0 = loop.time()
+    handle = loop.call_later(3.25, print)
+    t1 = loop.time()
+    assert t0 + 3.25 - 1e-9 <= handle.when() <= t1 + 3.25 + 1e-9
+    handle.cancel()
+
+
+@pytest.mark.parametrize("delay", [1e9, float("inf")])
+def test_far_future_timer(loop, delay):
+    fired = []
+    handle = loop.call_later(delay, fired.append, "far")
+    assert handle.when() >= loop.time() + min(delay, 1e9) - 1
+    loop.call_later(0.01, loop.stop)
+    t0 = time.monotonic()
+    run_forever(loop)
+    assert time.monotonic() - t0 < 1.0
+    assert fired == []
+    handle.cancel()
+    run_once(loop)
+    assert fired == []
+
+
+# -- cancellation ----------------------------------------------------------------
+
+def test_timer_cancel(loop):
+    fired = []
+    keep = loop.call_later(0.01, fired.append, "keep")
+    drop = loop.call_later(0.01, fired.append, "drop")
+    assert not drop.cancelled()
+    assert drop.cancel() is None
+    assert drop.cancelled()
+    drop.cancel()
+    loop.call_later(0.03, loop.stop)
+    run_forever(loop)
+    assert fired == ["keep"]
+    assert not keep.cancelled()
+
+
+def test_timer_cancel_from_timer_in_same_turn(loop):
+    fired = []
+    handles = {}
+
+    def first():
+        fired.append("first")
+        handles["second"].cancel()
+
+    loop.call_later(0.001, first)
+    handles["second"] = loop.call_later(0.002, fired.append, "second")
+    loop.call_later(0.003, fired.append, "third")
+    time.sleep(0.02)  # all three are due when the loop starts
+    run_once(loop)
+    assert fired == ["first", "third"]
+    assert handles["second"].cancelled()
+
+
+def test_timer_cancel_from_call_soon_when_due(loop):
+    fired = []
+    victim = loop.call_later(0.001, fired.append, "victim")
+    loop.call_soon(victim.cancel)
+    time.sleep(0.01)
+    run_once(loop)
+    loop.call_later(0.01, loop.stop)
+    run_forever(loop)
+    assert fired == []
+
+
+def test_cancel_after_fire_is_harmless(loop):
+    fired = []
+    handle = loop.call_later(0, fired.append, 1)
+    run_once(loop)
+    assert fired == [1]
+    handle.cancel()
+    assert handle.cancelled()
+    run_once(loop)
+    assert fired == [1]
+
+
+def test_cancelled_far_timer_does_not_block_loop(loop):
+    handle = loop.call_later(10, print)
+    handle.cancel()
+    t0 = time.monotonic()
+    assert run(loop, asyncio.sleep(0.01, "done")) == "done"
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_100k_cancelled_timers(loop):
+    rng = random.Random(5)
+    fired = []
+    t0 = time.monotonic()
+    handles = [loop.call_later(rng.uniform(0.5, 100), fired.append, i) for i in range(100_000)]
+    for h in handles:
+        h.cancel()
+    assert run(loop, asyncio.sleep(0.01, "ok")) == "ok"
+    # A timer scheduled afterwards still fires.
+    loop.call_later(0.001, fired.append, "new")
+    loop.call_later(0.02, loop.stop)
+    run_forever(loop)
+    assert fired == ["new"]
+    assert time.monotonic() - t0 < 10.0
+    assert all(h.cancelled() for h in handles)
+
+
+def test_cancel_half_of_many_timers(loop):
+    fired = []
+    handles = [loop.call_later(0.001 * (i % 10), fired.append, i) for i in range(2000)]
+    for h in handles[::2]:
+        h.cancel()
+    loop.call_later(0.05, loop.stop)
+    run_forever(loop)
+    assert sorted(fired) == list(range(1, 2000, 2))
+
+
+# -- argument errors --------------------------------------------------------------
+
+def test_call_later_none_delay(loop):
+    # asyncio: TypeError('delay must not be None') (float + None on old 3.11.x)
+    with pytest.raises(TypeError):
+        loop.call_later(None, print)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11, 7), reason="asyncio checks when=None since 3.11.7")
+def test_call_at_none_when(loop):
+    with pytest.raises(TypeError, match="when cannot be None"):
+        loop.call_at(None, print)
+
+
+def test_call_later_bad_delay_type(loop):
+    with pytest.raises(TypeError):
+        loop.call_later("1", print)
+
+
+# -- timers inside coroutines -------------------------------------------------------
+
+def test_sleep_accuracy(loop):
+    async def measure(delay):
+        t0 = time.monotonic()
+        await asyncio.sleep(delay)
+        return time.monotonic() - t0
+
+    for delay in (0.001, 0.01, 0.05):
+        elapsed = run(loop, measure(delay))
+        assert delay - 0.001 <= elapsed < delay + 0.5, (delay, elapsed)
+
+
+def test_sleep_zero_yields(loop):
+    order = []
+
+    async def worker(name):
+        for i in range(3):
+            order.append((name, i))
+            await asyncio.sleep(0)
+
+    async def main():
+        await asyncio.gather(worker("a"), worker("b"))
+
+    run(loop, main())
+    assert order == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+
+
+def test_concurrent_sleeps_finish_in_order(loop):
+    done = []
+
+    async def sleeper(d):
+        await asyncio.sleep(d)
+        done.append(d)
+
+    async def main():
+        delays = [0.04, 0.01, 0.03, 0.0, 0.02]
+        await asyncio.gather(*(sleeper(d) for d in delays))
+
+    run(loop, main())
+    assert done == [0.0, 0.01, 0.02, 0.03, 0.04]
+
+
+def test_sleep_result(loop):
+    assert run(loop, asyncio.sleep(0.001, result="r")) == "r"
+
+
+def test_timer_exception_does_not_stop_other_timers(loop):
+    contexts = collect_exceptions(loop)
+    fired = []
+    loop.call_later(0.001, lambda: 1 / 0)
+    loop.call_later(0.002, fired.append, "ok")
+    loop.call_later(0.02, loop.stop)
+    run_forever(loop)
+    assert fired == ["ok"]
+    assert len(contexts) == 1

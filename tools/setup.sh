@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what building and testing zuvrs needs on a fresh Debian machine
+# with Python 3 and Rust: libclang (bindgen in libuv-sys2), and a virtualenv
+# in .venv with maturin, pytest, pytest-codspeed and the loops we compare with.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! dpkg -s libclang-dev >/dev/null 2>&1; then
+    echo "== installing libclang-dev"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libclang-dev >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "== creating .venv"
+    python3 -m venv .venv
+fi
+echo "== installing Python packages"
+.venv/bin/python -m pip install -q --disable-pip-version-check \
+    "maturin>=1.5,<2" "pytest>=7" "pytest-codspeed>=3" uvloop rloop

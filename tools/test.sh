@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs the whole test suite (tests/ and the benchmark
+# bodies in benchmarks/ as plain tests) on a release build, then again on a
+# debug build (Rust debug assertions on).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+for profile in release debug; do
+    tools/build.sh "$profile"
+    echo "== tests ($profile build)"
+    .venv/bin/python -m pytest -q -p no:cacheprovider tests benchmarks
+done
