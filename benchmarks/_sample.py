@@ -91,6 +91,26 @@ def _build_info(mod) -> dict:
     return info
 
 
+def _extensions(mod) -> list:
+    """Path, size and mtime of the package's compiled extension modules."""
+    exts = []
+    pkg_dir = os.path.dirname(getattr(mod, "__file__", None) or "")
+    if pkg_dir and os.path.isdir(pkg_dir):
+        for f in sorted(os.listdir(pkg_dir)):
+            if f.endswith((".so", ".pyd", ".dylib")):
+                p = os.path.join(pkg_dir, f)
+                try:
+                    st = os.stat(p)
+                except OSError:
+                    continue
+                exts.append({
+                    "file": p, "bytes": st.st_size,
+                    "mtime": time.strftime("%Y-%m-%dT%H:%M:%S%z",
+                                           time.localtime(st.st_mtime)),
+                })
+    return exts
+
+
 def probe(name: str) -> int:
     out = {"loop": name, "available": False}
     try:
@@ -114,18 +134,7 @@ def probe(name: str) -> int:
     out["file"] = getattr(mod, "__file__", None)
     out["build"] = _build_info(mod) if name != "asyncio" else {}
     # extension modules: path, size and mtime say which build this is
-    exts = []
-    pkg_dir = os.path.dirname(out["file"] or "")
-    if name != "asyncio" and os.path.isdir(pkg_dir):
-        for f in sorted(os.listdir(pkg_dir)):
-            if f.endswith((".so", ".pyd", ".dylib")):
-                p = os.path.join(pkg_dir, f)
-                st = os.stat(p)
-                exts.append({
-                    "file": p, "bytes": st.st_size,
-                    "mtime": time.strftime("%Y-%m-%dT%H:%M:%S%z",
-                                           time.localtime(st.st_mtime)),
-                })
+    exts = _extensions(mod) if name != "asyncio" else []
     out["extensions"] = exts
     _emit(out)
     return 0
@@ -186,6 +195,13 @@ def sample(name: str, workload: str, size: int, no_gc: bool,
         gc.disable()
     out["gc_enabled"] = gc.isenabled()
     out["gc_threshold"] = list(gc.get_threshold())
+    if name != "asyncio":
+        # which build of the loop this sample ran (compare.py checks that
+        # it did not change during a run)
+        mod = sys.modules.get(workloads._LOOP_MODULES[name][0])
+        out["build_id"] = ";".join(
+            f"{os.path.basename(e['file'])}:{e['bytes']}:{e['mtime']}"
+            for e in _extensions(mod)) if mod is not None else None
     out["rss_start"] = _maxrss_bytes()
     try:
         res = workloads.run_workload(workload, factory, size)

@@ -359,6 +359,18 @@ def render_markdown(report: Dict[str, Any]) -> str:
              "`*` marks a ratio over a cell with failed samples.")
     L.append("")
     notes = [f"- **{l}**: {why}" for l, why in unavailable.items()]
+    for l, ids in report.get("builds_seen", {}).items():
+        if len(ids) > 1:
+            notes.append(f"- **{l} was rebuilt during this run**: samples ran "
+                         f"{len(ids)} different builds ({'; '.join(ids)}); "
+                         f"its numbers mix them, rerun.")
+    busy = [x for x in (report["provenance"]["machine"].get("loadavg_start"),
+                        report["provenance"]["machine"].get("loadavg_end")) if x]
+    ncpu = report["provenance"]["machine"].get("cpu_count") or 1
+    if any(x[0] >= ncpu / 2 for x in busy):
+        notes.append(f"- load average {busy[0][0]:.2f} at start, "
+                     f"{busy[-1][0]:.2f} at end on {ncpu} cores: the machine "
+                     f"may have been busy with other work.")
     for l in avail:
         prof = build_profile(report["provenance"]["loops"].get(l, {}))
         if prof and prof.lower() not in ("release", "release-lto", "lto", "bench"):
@@ -506,8 +518,10 @@ def render_markdown(report: Dict[str, Any]) -> str:
         if pr.get("loop_type"):
             L.append(f"{'':<14} loop class: {pr['loop_type']}")
     r = p["repo"]
+    dirty = "unknown" if r["dirty_paths"] is None else r["dirty_paths"]
     L.append(f"zuvrs repo     {r['path']} commit {r['commit']}, "
-             f"{r['dirty_paths']} changed path(s) under src/ python/ Cargo.* pyproject.toml")
+             f"{dirty} changed path(s) under src/ python/ Cargo.* pyproject.toml "
+             f"(the installed build may differ; see the extension mtime)")
     L.append(f"OS             {m.get('os')}; {m.get('platform')}; kernel {m.get('kernel')}")
     L.append(f"CPU            {m.get('cpu_model')}; {m.get('cpu_count')} cores; "
              f"affinity {m.get('affinity')}; governor {m.get('governor')}; "
@@ -669,6 +683,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if s.get("loop_type"):
                     loop_info[l].setdefault("loop_type", s["loop_type"])
 
+    builds_seen: Dict[str, List[str]] = {}
+    for w, wr in results.items():
+        for l in avail:
+            for s in wr["warmups"][l] + wr["samples"][l]:
+                b = s.get("build_id")
+                if b and b not in builds_seen.setdefault(l, []):
+                    builds_seen[l].append(b)
     m = machine
     try:
         m["loadavg_end"] = list(os.getloadavg())
@@ -687,6 +708,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "gc_in_samples": ("enabled" if gc_seen == {True} else
                           "DISABLED" if gc_seen == {False} else
                           "mixed" if gc_seen else "n/a"),
+        "builds_seen": builds_seen,
         "provenance": {"python": env, "loops": loop_info, "repo": repo_info(),
                        "machine": m},
         "results": results,

@@ -1,10 +1,12 @@
 //! `Handle` and `TimerHandle`: a scheduled callback and how it is called.
 //!
 //! A handle keeps its callback, up to three arguments inline, and the context
-//! to run in. Handles are not tracked by the cyclic GC (see
-//! `untrack`): to keep that sound a one-shot handle drops every reference it
-//! holds as soon as it has run or is cancelled, and the loop cancels whatever it
-//! still queues when it closes, so no reference cycle can live through one.
+//! to run in. While a loop queues a handle the handle is not tracked by the
+//! cyclic GC: the loop reports its references instead (LoopCore's
+//! `__traverse__`), so a million pending callbacks cost the GC nothing. A
+//! one-shot handle drops its callback as soon as it has run; when the loop
+//! lets go of a handle that somebody else still holds, the handle is tracked
+//! again (`release_handle`) and reports its context itself.
 
 use std::cell::{Cell, UnsafeCell};
 use std::ptr::{self, NonNull};
@@ -14,6 +16,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
+use pyo3::{PyTraverseError, PyVisit};
 use smallvec::SmallVec;
 
 use crate::context;
@@ -22,34 +25,23 @@ use crate::context;
 /// handle in CPython's 96-byte allocation class.
 pub(crate) type ArgVec = SmallVec<[*mut ffi::PyObject; 3]>;
 
-/// The owned references of a pending call. Dropped only with the GIL held
-/// (handles live and die under the GIL).
+/// The owned references of a pending call: the function and its arguments.
+/// Dropped only with the GIL held (handles live and die under the GIL).
 pub(crate) struct Callback {
     func: NonNull<ffi::PyObject>,
     args: ArgVec,
-    context: *mut ffi::PyObject,
-    /// The context is a loop snapshot other handles may share (see `context`).
-    shared_context: bool,
 }
 
 // SAFETY: the references are only touched while holding the GIL.
 unsafe impl Send for Callback {}
 
 impl Callback {
-    /// Takes new references to `func` and `args`, and owns the reference to
-    /// `context` passed in.
+    /// Takes new references to `func` and the `nargs` objects at `args`.
     ///
     /// # Safety
-    /// GIL held; `args` points at `nargs` valid objects; `context` is a
-    /// `contextvars.Context` (the caller makes sure of that).
+    /// GIL held; `func` is valid and `args` points at `nargs` valid objects.
     #[inline]
-    pub(crate) unsafe fn new(
-        func: *mut ffi::PyObject,
-        args: *const *mut ffi::PyObject,
-        nargs: usize,
-        context: *mut ffi::PyObject,
-        shared_context: bool,
-    ) -> Callback {
+    pub(crate) unsafe fn new(func: *mut ffi::PyObject, args: *const *mut ffi::PyObject, nargs: usize) -> Callback {
         unsafe {
             let mut v = ArgVec::with_capacity(nargs);
             for i in 0..nargs {
@@ -58,7 +50,7 @@ impl Callback {
                 v.push(a);
             }
             ffi::Py_INCREF(func);
-            Callback { func: NonNull::new_unchecked(func), args: v, context, shared_context }
+            Callback { func: NonNull::new_unchecked(func), args: v }
         }
     }
 
@@ -67,12 +59,11 @@ impl Callback {
     fn clone_refs(&self) -> Callback {
         unsafe {
             ffi::Py_INCREF(self.func.as_ptr());
-            ffi::Py_INCREF(self.context);
             for &a in &self.args {
                 ffi::Py_INCREF(a);
             }
         }
-        Callback { func: self.func, args: self.args.clone(), context: self.context, shared_context: self.shared_context }
+        Callback { func: self.func, args: self.args.clone() }
     }
 
     #[inline]
@@ -86,33 +77,18 @@ impl Callback {
         PyTuple::new(py, items).expect("tuple of borrowed objects")
     }
 
-    /// Runs the callback inside its context. Returns false if it raised (the
+    /// Calls the function inside `ctx`. Returns false if it raised (the
     /// exception is left set).
     ///
     /// # Safety
-    /// GIL held.
+    /// GIL held; `ctx` is a live context.
     #[inline]
-    pub(crate) unsafe fn call(&self) -> bool {
-        unsafe {
-            let (ctx, owned) = context::for_run(self.context, self.shared_context);
-            if ctx.is_null() {
-                return false;
-            }
-            let ok = Self::call_in(ctx, self.func.as_ptr(), &self.args);
-            if owned {
-                ffi::Py_DECREF(ctx);
-            }
-            ok
-        }
-    }
-
-    #[inline]
-    unsafe fn call_in(ctx: *mut ffi::PyObject, func: *mut ffi::PyObject, args: &ArgVec) -> bool {
+    pub(crate) unsafe fn call_in(&self, ctx: *mut ffi::PyObject) -> bool {
         unsafe {
             if ffi::PyContext_Enter(ctx) < 0 {
                 return false;
             }
-            let res = ffi::PyObject_Vectorcall(func, args.as_ptr(), args.len(), ptr::null_mut());
+            let res = ffi::PyObject_Vectorcall(self.func.as_ptr(), self.args.as_ptr(), self.args.len(), ptr::null_mut());
             let exited = ffi::PyContext_Exit(ctx) == 0;
             if res.is_null() {
                 return false;
@@ -122,21 +98,12 @@ impl Callback {
         }
     }
 
-    /// The context to show to Python code: a shared snapshot is first
-    /// replaced by a private copy, so what the caller does with it affects
-    /// this handle only.
-    fn private_context(&mut self) -> *mut ffi::PyObject {
-        unsafe {
-            if self.shared_context && ffi::Py_REFCNT(self.context) > 1 {
-                let copy = ffi::PyContext_Copy(self.context);
-                if !copy.is_null() {
-                    let old = std::mem::replace(&mut self.context, copy);
-                    self.shared_context = false;
-                    ffi::Py_DECREF(old);
-                }
-            }
-            self.context
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(as_py(&self.func.as_ptr()))?;
+        for a in &self.args {
+            visit.call(as_py(a))?;
         }
+        Ok(())
     }
 }
 
@@ -145,7 +112,6 @@ impl Drop for Callback {
         // SAFETY: callbacks are dropped with the GIL held (see type docs).
         unsafe {
             ffi::Py_DECREF(self.func.as_ptr());
-            ffi::Py_DECREF(self.context);
             for &a in &self.args {
                 ffi::Py_DECREF(a);
             }
@@ -153,18 +119,44 @@ impl Drop for Callback {
     }
 }
 
-/// What a handle needs besides its identity: the pending call and its state.
+/// Views an object pointer as `&Py<PyAny>` for `PyVisit`.
+#[inline]
+fn as_py(p: &*mut ffi::PyObject) -> &Py<PyAny> {
+    // SAFETY: Py<T> has the layout of a non-null object pointer, and every
+    // pointer passed here is non-null.
+    unsafe { &*(p as *const *mut ffi::PyObject as *const Py<PyAny>) }
+}
+
+/// A handle's state: the pending call, and the context it runs in (kept for
+/// the handle's life, as asyncio keeps it).
 pub(crate) struct HandleCore {
+    /// None once a one-shot handle has run, or once cancelled.
     callback: Option<Callback>,
+    context: NonNull<ffi::PyObject>,
+    /// The context is a loop snapshot other handles may share (see context.rs).
+    shared_context: bool,
     cancelled: bool,
     /// Reader, writer and signal handles run every time their event fires and
     /// keep their callback until cancelled.
     repeat: bool,
 }
 
+// SAFETY: only touched while holding the GIL.
+unsafe impl Send for HandleCore {}
+
 impl HandleCore {
-    fn new(cb: Callback, repeat: bool) -> Self {
-        HandleCore { callback: Some(cb), cancelled: false, repeat }
+    /// Takes ownership of the reference to `context`.
+    ///
+    /// # Safety
+    /// `context` is a live `contextvars.Context`.
+    pub(crate) unsafe fn new(cb: Callback, context: *mut ffi::PyObject, shared_context: bool, repeat: bool) -> Self {
+        HandleCore {
+            callback: Some(cb),
+            context: unsafe { NonNull::new_unchecked(context) },
+            shared_context,
+            cancelled: false,
+            repeat,
+        }
     }
 
     /// The call to make now: moved out for one-shot handles, shared for
@@ -182,7 +174,14 @@ impl HandleCore {
         }
     }
 
-    /// After a run with `keep`: a one-shot handle lets go of its references
+    /// The context to run in as (context, shared); copied out so no borrow
+    /// of the handle is held while Python code runs.
+    #[inline]
+    pub(crate) fn run_context(&self) -> (*mut ffi::PyObject, bool) {
+        (self.context.as_ptr(), self.shared_context)
+    }
+
+    /// After a run with `keep`: a one-shot handle lets go of its callback
     /// (returned, to drop outside any borrow).
     pub(crate) fn finish_run(&mut self) -> Option<Callback> {
         if self.repeat {
@@ -192,11 +191,86 @@ impl HandleCore {
         }
     }
 
+    /// Reports the references of this handle to the cyclic GC (for the loop
+    /// while it queues the handle, for the handle itself afterwards).
+    pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(cb) = &self.callback {
+            cb.visit(visit)?;
+        }
+        visit.call(as_py(&self.context.as_ptr()))
+    }
+
+    pub(crate) fn is_repeating(&self) -> bool {
+        self.repeat
+    }
+
+    /// The context to show to Python code: a shared snapshot is first
+    /// replaced by a private copy, so what the caller does with it affects
+    /// this handle only.
+    fn private_context(&mut self) -> *mut ffi::PyObject {
+        unsafe {
+            if self.shared_context && ffi::Py_REFCNT(self.context.as_ptr()) > 1 {
+                let copy = ffi::PyContext_Copy(self.context.as_ptr());
+                if !copy.is_null() {
+                    let old = std::mem::replace(&mut self.context, NonNull::new_unchecked(copy));
+                    self.shared_context = false;
+                    ffi::Py_DECREF(old.as_ptr());
+                } else {
+                    ffi::PyErr_Clear();
+                }
+            }
+            self.context.as_ptr()
+        }
+    }
+
     /// Marks cancelled and returns the references to drop (outside any borrow).
     fn cancel(&mut self) -> Option<Callback> {
         self.cancelled = true;
         self.callback.take()
     }
+}
+
+impl Drop for HandleCore {
+    fn drop(&mut self) {
+        // SAFETY: handles are dropped with the GIL held.
+        unsafe { ffi::Py_DECREF(self.context.as_ptr()) }
+    }
+}
+
+/// Runs `cb` in the handle's context: in place when no other handle shares
+/// it, else in a private copy (see context.rs).
+///
+/// # Safety
+/// GIL held; `ctx` stays alive for the call (the caller holds the handle).
+#[inline]
+pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shared: bool) -> bool {
+    unsafe {
+        let (ctx, owned) = context::for_run(ctx, shared);
+        if ctx.is_null() {
+            return false;
+        }
+        let ok = cb.call_in(ctx);
+        if owned {
+            ffi::Py_DECREF(ctx);
+        }
+        ok
+    }
+}
+
+/// Lets go of a handle the loop no longer queues. Queued handles are not
+/// tracked by the GC (the loop reports their references); one that somebody
+/// else still holds is tracked from now on, so a cycle through its context
+/// can still be collected.
+#[inline]
+pub(crate) fn release_handle<T>(handle: Py<T>) {
+    let p = handle.as_ptr();
+    // SAFETY: GIL held by every caller; the object is a live pyo3 instance.
+    unsafe {
+        if ffi::Py_REFCNT(p) > 1 && ffi::PyObject_GC_IsTracked(p) == 0 {
+            ffi::PyObject_GC_Track(p as *mut _);
+        }
+    }
+    drop(handle);
 }
 
 /// Gives `&mut HandleCore` access to a handle under the GIL.
@@ -259,8 +333,8 @@ impl HasCore for Handle {
 
 impl Handle {
     #[inline]
-    pub(crate) fn create(py: Python<'_>, cb: Callback, repeat: bool) -> PyResult<Bound<'_, Handle>> {
-        let h = Bound::new(py, Handle { core: UnsafeCell::new(HandleCore::new(cb, repeat)) })?;
+    pub(crate) fn create(py: Python<'_>, core: HandleCore) -> PyResult<Bound<'_, Handle>> {
+        let h = Bound::new(py, Handle { core: UnsafeCell::new(core) })?;
         untrack(&h);
         Ok(h)
     }
@@ -290,12 +364,13 @@ impl Handle {
         unsafe { self.core().cancelled }
     }
 
-    /// The context the callback runs in (None once it has run or was cancelled).
+    /// The context the callback runs in.
     fn get_context(&self, py: Python<'_>) -> Py<PyAny> {
-        match unsafe { &mut self.core().callback } {
-            Some(cb) => unsafe { Bound::from_borrowed_ptr(py, cb.private_context()).unbind() },
-            None => py.None(),
-        }
+        unsafe { Bound::from_borrowed_ptr(py, self.core().private_context()).unbind() }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        unsafe { &*self.core.get() }.visit(&visit)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
@@ -340,13 +415,13 @@ impl TimerHandle {
     pub(crate) fn create<'py>(
         py: Python<'py>,
         when: f64,
-        cb: Callback,
+        core: HandleCore,
         book: &Rc<TimerBook>,
     ) -> PyResult<Bound<'py, TimerHandle>> {
         let h = Bound::new(
             py,
             TimerHandle {
-                core: UnsafeCell::new(HandleCore::new(cb, false)),
+                core: UnsafeCell::new(core),
                 when,
                 scheduled: Cell::new(true),
                 book: SharedBook(book.clone()),
@@ -400,11 +475,13 @@ impl TimerHandle {
         self.when
     }
 
+    /// The context the callback runs in.
     fn get_context(&self, py: Python<'_>) -> Py<PyAny> {
-        match unsafe { &mut self.core().callback } {
-            Some(cb) => unsafe { Bound::from_borrowed_ptr(py, cb.private_context()).unbind() },
-            None => py.None(),
-        }
+        unsafe { Bound::from_borrowed_ptr(py, self.core().private_context()).unbind() }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        unsafe { &*self.core.get() }.visit(&visit)
     }
 
     fn __hash__(&self) -> u64 {
@@ -466,6 +543,15 @@ impl Ready {
         match self {
             Ready::Soon(h) => h.get().cancel_now(),
             Ready::Timer(h) => h.get().cancel_now(),
+        }
+    }
+
+    /// Lets go of the handle (see `release_handle`).
+    #[inline]
+    pub(crate) fn release(self) {
+        match self {
+            Ready::Soon(h) => release_handle(h),
+            Ready::Timer(h) => release_handle(h),
         }
     }
 }

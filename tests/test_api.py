@@ -292,10 +292,10 @@ def test_zuvrs_handle_types():
         assert isinstance(h, zuvrs.Handle)
         assert isinstance(t, zuvrs.TimerHandle)
         for handle in (h, t):
+            assert handle.get_context() is not None
             assert not handle.cancelled()
             handle.cancel()
             assert handle.cancelled()
-            assert handle.get_context() is not None
         assert isinstance(t.when(), float)
     finally:
         lp.close()

@@ -31,7 +31,7 @@ def test_call_soon_and_threadsafe_share_one_fifo(loop):
     assert calls == list(range(100))
 
 
-@pytest.mark.parametrize("nargs", range(6))
+@pytest.mark.parametrize("nargs", [0, 1, 2, 3, 4, 5, 100])
 def test_call_soon_positional_args(loop, nargs):
     received = []
     args = tuple(object() for _ in range(nargs))
@@ -41,6 +41,30 @@ def test_call_soon_positional_args(loop, nargs):
     assert len(received[0]) == nargs
     assert all(x is y for x, y in zip(received[0], args))
     assert not handle.cancelled()
+
+
+class _CallableObject:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __call__(self, x):
+        self.calls.append(("object", x))
+
+    def method(self, x):
+        self.calls.append(("method", x))
+
+
+def test_call_soon_accepts_any_callable(loop):
+    calls = []
+    obj = _CallableObject(calls)
+    loop.call_soon(obj, 1)
+    loop.call_soon(obj.method, 2)
+    loop.call_soon(calls.append, ("builtin", 3))
+    loop.call_soon(lambda x: calls.append(("lambda", x)), 4)
+    loop.call_soon(functools.partial(obj.method), 5)
+    loop.call_soon(type(obj), calls)  # a class is callable too
+    run_once(loop)
+    assert calls == [("object", 1), ("method", 2), ("builtin", 3), ("lambda", 4), ("method", 5)]
 
 
 def test_call_soon_partial_with_kwargs(loop):
@@ -141,14 +165,6 @@ def _require_get_context(handle, loop_name):
     assert PY312 or loop_name == "zuvrs" or hasattr(handle, "get_context")
 
 
-def test_handle_get_context_explicit(loop, loop_name):
-    ctx = contextvars.Context()
-    h = loop.call_soon(print, context=ctx)
-    _require_get_context(h, loop_name)
-    assert h.get_context() is ctx
-    h.cancel()
-
-
 def test_handle_get_context_default_is_a_copy(loop, loop_name):
     var = contextvars.ContextVar("var", default="default")
     token = var.set("at-schedule")
@@ -173,6 +189,16 @@ SCHEDULERS = {
     "call_later": lambda lp, cb, ctx: lp.call_later(0, cb, context=ctx),
     "call_at": lambda lp, cb, ctx: lp.call_at(lp.time(), cb, context=ctx),
 }
+
+
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+def test_handle_get_context_explicit(loop, loop_name, scheduler):
+    ctx = contextvars.Context()
+    h = SCHEDULERS[scheduler](loop, print, ctx)
+    _require_get_context(h, loop_name)
+    assert h.get_context() is ctx
+    h.cancel()
+    assert h.get_context() is ctx  # cancel() does not drop the context
 
 
 @pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
@@ -270,6 +296,56 @@ def test_exception_in_callback_goes_to_handler(loop):
     assert ctx["handle"] is handle
 
 
+class _CustomBaseException(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("exc_type", [asyncio.CancelledError, GeneratorExit, _CustomBaseException],
+                         ids=["CancelledError", "GeneratorExit", "custom-BaseException"])
+def test_base_exceptions_other_than_exit_go_to_handler(loop, exc_type):
+    # Only SystemExit and KeyboardInterrupt escape from a callback.
+    contexts = collect_exceptions(loop)
+    calls = []
+
+    def bad():
+        raise exc_type()
+
+    handle = loop.call_soon(bad)
+    loop.call_soon(calls.append, "after")
+    run_once(loop)
+    assert calls == ["after"]
+    assert len(contexts) == 1
+    assert isinstance(contexts[0][1]["exception"], exc_type)
+    assert contexts[0][1]["handle"] is handle
+
+
+def test_exception_context_has_source_traceback_in_debug(loop):
+    loop.set_debug(True)
+    contexts = collect_exceptions(loop)
+    loop.call_soon(lambda: 1 / 0)
+    run_once(loop)
+    assert len(contexts) == 1
+    tb = contexts[0][1].get("source_traceback")
+    assert tb, contexts[0][1]
+    # The traceback ends at the line that scheduled the callback (this test).
+    assert any(frame.name == "test_exception_context_has_source_traceback_in_debug" for frame in tb)
+
+
+def test_handle_repr(loop):
+    def my_callback():
+        pass
+
+    h = loop.call_soon(my_callback)
+    t = loop.call_later(10, my_callback)
+    assert "my_callback" in repr(h)
+    assert "my_callback" in repr(t)
+    assert "when=" in repr(t)
+    h.cancel()
+    t.cancel()
+    assert "cancelled" in repr(h)
+    assert "cancelled" in repr(t)
+
+
 def test_exception_in_timer_callback_goes_to_handler(loop):
     contexts = collect_exceptions(loop)
 
@@ -298,16 +374,21 @@ def test_many_failing_callbacks_loop_keeps_running(loop):
 def test_exception_in_callback_logged_by_default_handler(loop, caplog):
     exc = RuntimeError("logged boom")
 
-    def bad():
+    def bad_callback():
         raise exc
 
     with caplog.at_level(logging.ERROR, logger="asyncio"):
-        loop.call_soon(bad)
+        loop.call_soon(bad_callback)
         run_once(loop)
     records = [r for r in caplog.records if r.name == "asyncio"]
     assert len(records) == 1
     assert records[0].levelno == logging.ERROR
-    assert records[0].getMessage().startswith("Exception in callback")
+    lines = records[0].getMessage().splitlines()
+    assert lines[0].startswith("Exception in callback")
+    assert "bad_callback" in lines[0]
+    # The default handler also prints the handle, which names the callback.
+    handle_lines = [ln for ln in lines if ln.startswith("handle: ")]
+    assert len(handle_lines) == 1 and "bad_callback" in handle_lines[0], lines
     assert records[0].exc_info[1] is exc
 
 

@@ -3,6 +3,7 @@
 import os
 import socket
 import tempfile
+import time
 
 import pytest
 
@@ -418,3 +419,47 @@ def test_close_loop_with_registered_reader(loop, sockpair):
     b.send(b"still open")
     a.setblocking(True)
     assert a.recv(100) == b"still open"
+
+
+def test_iteration_order_ready_then_io_then_timers(loop, sockpair):
+    # One asyncio iteration runs, in order: callbacks that were already
+    # ready, then the I/O callbacks of this poll, then the timers now due.
+    a, b = sockpair
+    order = []
+
+    def on_readable():
+        order.append("io")
+        a.recv(100)
+        loop.remove_reader(a.fileno())
+
+    loop.add_reader(a.fileno(), on_readable)
+    b.send(b"x")
+    loop.call_later(0.001, order.append, "timer")
+    loop.call_soon(order.append, "ready")
+    time.sleep(0.01)
+    run_once(loop)
+    assert order == ["ready", "io", "timer"]
+
+
+def test_busy_callbacks_do_not_starve_readers(loop, sockpair):
+    a, b = sockpair
+    spins = 0
+    received = []
+
+    def spin():
+        nonlocal spins
+        spins += 1
+        if not received:
+            loop.call_soon(spin)
+
+    def on_readable():
+        received.append(a.recv(100))
+        loop.remove_reader(a.fileno())
+        loop.stop()
+
+    loop.add_reader(a.fileno(), on_readable)
+    loop.call_soon(spin)
+    loop.call_later(0.01, b.send, b"x")
+    run_forever(loop)
+    assert received == [b"x"]
+    assert spins > 1

@@ -240,3 +240,163 @@ def test_many_loops_alive_at_once(loop_factory, n):
     del loops
     gc.collect()
     assert fd_count() == fds0
+
+
+def test_failing_callbacks_do_not_leak(loop):
+    contexts = []
+    loop.set_exception_handler(lambda lp, ctx: contexts.append(1))
+
+    def bad(i):
+        raise ValueError(i)
+
+    def workload():
+        for i in range(10_000):
+            loop.call_soon(bad, i)
+        run_once(loop)
+
+    _assert_flat(*_measure(workload))
+    assert len(contexts) == 10_000 * (ROUNDS + 1)
+
+
+# -- references are released ---------------------------------------------------------
+
+class _Token:
+    """A weak-referenceable object passed as a callback argument."""
+
+
+class _CallableToken:
+    def __call__(self, *args):
+        pass
+
+
+SCHEDULE = {
+    "call_soon": lambda lp, cb, arg: lp.call_soon(cb, arg),
+    "call_soon_threadsafe": lambda lp, cb, arg: lp.call_soon_threadsafe(cb, arg),
+    "call_later": lambda lp, cb, arg: lp.call_later(0, cb, arg),
+    "call_at": lambda lp, cb, arg: lp.call_at(lp.time(), cb, arg),
+}
+
+
+def _refs():
+    import weakref
+
+    cb, arg = _CallableToken(), _Token()
+    return cb, arg, weakref.ref(cb), weakref.ref(arg)
+
+
+@pytest.mark.parametrize("how", sorted(SCHEDULE))
+def test_callback_and_args_released_after_run(loop, how):
+    cb, arg, cb_ref, arg_ref = _refs()
+    SCHEDULE[how](loop, cb, arg)  # the handle is not kept
+    del cb, arg
+    run_once(loop)
+    gc.collect()
+    assert cb_ref() is None
+    assert arg_ref() is None
+
+
+@pytest.mark.parametrize("how", sorted(SCHEDULE))
+def test_callback_and_args_released_on_cancel(loop, how):
+    cb, arg, cb_ref, arg_ref = _refs()
+    handle = SCHEDULE[how](loop, cb, arg)
+    del cb, arg
+    handle.cancel()  # asyncio drops callback and args here, before the loop runs
+    gc.collect()
+    assert cb_ref() is None
+    assert arg_ref() is None
+    run_once(loop)
+
+
+def test_far_timer_released_on_cancel(loop):
+    cb, arg, cb_ref, arg_ref = _refs()
+    handle = loop.call_later(3600, cb, arg)
+    del cb, arg
+    handle.cancel()
+    gc.collect()
+    assert cb_ref() is None and arg_ref() is None
+
+
+@pytest.mark.parametrize("how", sorted(SCHEDULE))
+def test_pending_callbacks_released_on_close(loop, how):
+    cb, arg, cb_ref, arg_ref = _refs()
+    SCHEDULE[how](loop, cb, arg)
+    loop.call_later(3600, cb, arg)
+    del cb, arg
+    loop.close()
+    gc.collect()
+    assert cb_ref() is None
+    assert arg_ref() is None
+
+
+def test_reader_and_writer_released_on_remove(loop):
+    a, b = socket.socketpair()
+    try:
+        cb, arg, cb_ref, arg_ref = _refs()
+        loop.add_reader(a.fileno(), cb, arg)
+        loop.add_writer(a.fileno(), cb, arg)
+        del cb, arg
+        assert loop.remove_reader(a.fileno()) is True
+        assert loop.remove_writer(a.fileno()) is True
+        gc.collect()
+        assert cb_ref() is None and arg_ref() is None
+    finally:
+        a.close()
+        b.close()
+
+
+def test_replaced_reader_released(loop):
+    a, b = socket.socketpair()
+    try:
+        cb, arg, cb_ref, arg_ref = _refs()
+        loop.add_reader(a.fileno(), cb, arg)
+        del cb, arg
+        loop.add_reader(a.fileno(), _noop)
+        gc.collect()
+        assert cb_ref() is None and arg_ref() is None
+        loop.remove_reader(a.fileno())
+    finally:
+        a.close()
+        b.close()
+
+
+def test_signal_handler_released_on_remove(loop):
+    import signal
+
+    cb, arg, cb_ref, arg_ref = _refs()
+    loop.add_signal_handler(signal.SIGUSR1, cb, arg)
+    del cb, arg
+    assert loop.remove_signal_handler(signal.SIGUSR1) is True
+    gc.collect()
+    assert cb_ref() is None and arg_ref() is None
+
+
+def test_exception_released_after_handler(loop):
+    import weakref
+
+    refs = []
+
+    class Boom(Exception):
+        pass
+
+    def bad():
+        exc = Boom()
+        refs.append(weakref.ref(exc))
+        raise exc
+
+    loop.set_exception_handler(lambda lp, ctx: None)
+    loop.call_soon(bad)
+    run_once(loop)
+    gc.collect()
+    assert refs and refs[0]() is None
+
+
+def test_loop_collected_after_close(loop_factory):
+    import weakref
+
+    lp = loop_factory()
+    _use_loop(lp)
+    lp.close()
+    ref = weakref.ref(lp)
+    del lp
+    gc.collect()
+    assert ref() is None

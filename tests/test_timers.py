@@ -183,6 +183,38 @@ def test_timer_cancel_from_timer_in_same_turn(loop):
     assert handles["second"].cancelled()
 
 
+def test_stop_in_timer_still_runs_other_due_timers(loop):
+    fired = []
+
+    def first():
+        fired.append("first")
+        loop.stop()
+        loop.call_soon(fired.append, "next-iteration")
+
+    loop.call_later(0.001, first)
+    loop.call_later(0.002, fired.append, "second")
+    loop.call_later(0.003, fired.append, "third")
+    loop.call_later(10, fired.append, "not due")
+    time.sleep(0.02)  # all three are due in the same iteration
+    run_forever(loop)
+    assert fired == ["first", "second", "third"]
+
+
+def test_call_soon_from_timer_runs_next_iteration(loop):
+    fired = []
+
+    def timer_cb():
+        fired.append("timer")
+        loop.call_soon(fired.append, "soon")
+
+    loop.call_later(0, timer_cb)
+    time.sleep(0.005)
+    run_once(loop)
+    assert fired == ["timer"]
+    run_once(loop)
+    assert fired == ["timer", "soon"]
+
+
 def test_timer_cancel_from_call_soon_when_due(loop):
     fired = []
     victim = loop.call_later(0.001, fired.append, "victim")
@@ -315,3 +347,25 @@ def test_timer_exception_does_not_stop_other_timers(loop):
     run_forever(loop)
     assert fired == ["ok"]
     assert len(contexts) == 1
+
+
+def test_busy_callbacks_do_not_starve_timers(loop):
+    spins = 0
+    fired = []
+
+    def spin():
+        nonlocal spins
+        spins += 1
+        if not fired:
+            loop.call_soon(spin)
+
+    def timer():
+        fired.append(loop.time())
+        loop.stop()
+
+    loop.call_soon(spin)
+    t0 = loop.time()
+    loop.call_later(0.02, timer)
+    run_forever(loop)
+    assert fired and fired[0] - t0 < 1.0
+    assert spins > 10

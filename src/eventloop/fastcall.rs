@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 
 use super::LoopCore;
-use crate::handles::{Callback, Handle, Ready, TimerHandle};
+use crate::handles::{Callback, Handle, HandleCore, Ready, TimerHandle};
 
 /// Where a call's arguments are, as vectorcall passes them.
 struct FastArgs {
@@ -62,14 +62,15 @@ fn missing(method: &str, what: &str) -> PyErr {
     PyTypeError::new_err(format!("{method}() missing 1 required positional argument: '{what}'"))
 }
 
-/// Builds the callback of a handle: `callback, *args` starting at `first`.
-unsafe fn make_callback(
+/// Builds the state of a new handle: `callback, *args` starting at `first`,
+/// and its context.
+unsafe fn make_core(
     py: Python<'_>,
     core: &LoopCore,
     a: &FastArgs,
     first: usize,
     context: Option<*mut ffi::PyObject>,
-) -> PyResult<Callback> {
+) -> PyResult<HandleCore> {
     unsafe {
         let ctx = match context {
             Some(c) => {
@@ -93,7 +94,8 @@ unsafe fn make_callback(
                 (snap.context, snap.shared)
             }
         };
-        Ok(Callback::new(a.arg(first), a.args.add(first + 1), a.nargs - first - 1, ctx.0, ctx.1))
+        let cb = Callback::new(a.arg(first), a.args.add(first + 1), a.nargs - first - 1);
+        Ok(HandleCore::new(cb, ctx.0, ctx.1, false))
     }
 }
 
@@ -121,8 +123,8 @@ unsafe fn soon(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, threadsafe
         if core.debug() {
             debug_checks(&obj, a.arg(0), method, !threadsafe)?;
         }
-        let cb = make_callback(py, core, a, 0, context)?;
-        let h = Handle::create(py, cb, false)?;
+        let hc = make_core(py, core, a, 0, context)?;
+        let h = Handle::create(py, hc)?;
         let ptr = h.as_ptr();
         ffi::Py_INCREF(ptr);
         core.push_ready(Ready::Soon(h.unbind()));
@@ -167,9 +169,9 @@ unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bo
         if core.debug() {
             debug_checks(&obj, a.arg(1), "call_at", true)?;
         }
-        let cb = make_callback(py, core, a, 1, context)?;
+        let hc = make_core(py, core, a, 1, context)?;
         let st = core.st();
-        let h = TimerHandle::create(py, when, cb, st.timers.book())?;
+        let h = TimerHandle::create(py, when, hc, st.timers.book())?;
         let ptr = h.as_ptr();
         ffi::Py_INCREF(ptr);
         core.st().timers.push(h.unbind(), when);

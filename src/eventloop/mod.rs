@@ -24,10 +24,11 @@ use std::collections::{HashMap, VecDeque};
 use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PySystemExit};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::context::ContextCache;
 use crate::errors::uv_error;
-use crate::handles::{Callback, Handle, Ready};
+use crate::handles::{release_handle, run_in_context, Callback, Handle, HandleCore, HasCore, Ready};
 use crate::uv::{sys, UvHandle, UvLoop};
 use gil::GilHandoff;
 use poll::{Side, Watcher};
@@ -129,6 +130,27 @@ impl LoopCore {
         unsafe { self.st().debug }
     }
 
+    /// Cancels every queued callback and timer and drops the context
+    /// snapshot (loop close or GC clear). Python code may run from here
+    /// (__del__ of released objects), so the state is updated first.
+    fn release_callbacks(&self) {
+        let st = unsafe { self.st() };
+        let ready: Vec<Ready> = st.ready.drain(..).collect();
+        let timers = st.timers.drain();
+        let snapshot = st.ctx_cache.take();
+        for r in ready {
+            r.cancel();
+            r.release();
+        }
+        for t in timers {
+            t.get().cancel_now();
+            release_handle(t);
+        }
+        if !snapshot.is_null() {
+            unsafe { pyo3::ffi::Py_DECREF(snapshot) };
+        }
+    }
+
     /// Queues a one-shot handle.
     #[inline]
     pub(crate) fn push_ready(&self, handle: Ready) {
@@ -187,7 +209,9 @@ impl LoopCore {
         st.timers.prune();
         let now = monotonic();
         while let Some(h) = st.timers.pop_due(now) {
-            if !h.get().is_cancelled() {
+            if h.get().is_cancelled() {
+                release_handle(h);
+            } else {
                 st.ready.push_back(Ready::Timer(h));
             }
         }
@@ -201,10 +225,21 @@ impl LoopCore {
             // close() from a callback empties the queue; stop there.
             let Some(item) = (unsafe { self.st().ready.pop_front() }) else { break };
             let debug = self.debug();
-            let Some(cb) = (unsafe { item.core().take_for_run(debug) }) else { continue };
+            let (cb, ctx, shared) = unsafe {
+                let core = item.core();
+                let (ctx, shared) = core.run_context();
+                match core.take_for_run(debug) {
+                    Some(cb) => (cb, ctx, shared),
+                    None => {
+                        item.release();
+                        continue;
+                    }
+                }
+            };
             let started = if debug { Some(monotonic()) } else { None };
-            // SAFETY: GIL held; no borrow of the state is live here.
-            if !unsafe { cb.call() } {
+            // SAFETY: GIL held; no borrow of the state is live here; `item`
+            // keeps the context alive.
+            if !unsafe { run_in_context(&cb, ctx, shared) } {
                 let err = PyErr::fetch(py);
                 if err.is_instance_of::<PyKeyboardInterrupt>(py) || err.is_instance_of::<PySystemExit>(py) {
                     return Err(err);
@@ -221,6 +256,8 @@ impl LoopCore {
                 }
                 drop(unsafe { item.core().finish_run() });
             }
+            drop(cb);
+            item.release();
         }
         Ok(())
     }
@@ -394,12 +431,8 @@ impl LoopCore {
     fn _free_core(&self) {
         let st = unsafe { self.st() };
         st.closed = true;
-        let ready: Vec<Ready> = st.ready.drain(..).collect();
-        let timers = st.timers.drain();
-        let parts = st.uv.take();
-        let snapshot = st.ctx_cache.take();
         let mut handlers = Vec::new();
-        if let Some(mut parts) = parts {
+        if let Some(mut parts) = st.uv.take() {
             for (_, w) in parts.watchers.drain() {
                 handlers.extend(unsafe { (*w.raw()).take_all() }.into_iter().flatten());
                 w.close();
@@ -410,20 +443,52 @@ impl LoopCore {
             // SAFETY: every handle of this loop was closed above.
             unsafe { parts.uv.close() };
         }
-        // Now that the state is consistent, release the callbacks (this may
-        // run arbitrary __del__ code).
-        for r in &ready {
-            r.cancel();
-        }
-        for t in &timers {
-            t.get().cancel_now();
-        }
-        for h in &handlers {
+        for h in handlers {
             h.get().cancel_now();
+            release_handle(h);
         }
-        if !snapshot.is_null() {
-            unsafe { pyo3::ffi::Py_DECREF(snapshot) };
+        self.release_callbacks();
+    }
+
+    /// The loop holds its queued handles' callbacks on their behalf (the
+    /// handles are not tracked by the GC, see handles.rs), so it reports them.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let st = unsafe { &*self.state.get() };
+        for item in &st.ready {
+            let core = unsafe { item.core() };
+            // Repeating handles are reported once, through their watcher.
+            if !core.is_repeating() {
+                core.visit(&visit)?;
+            }
         }
+        for t in st.timers.iter() {
+            unsafe { t.get().core() }.visit(&visit)?;
+        }
+        if let Some(parts) = &st.uv {
+            for w in parts.watchers.values() {
+                for h in unsafe { &*w.raw() }.handlers() {
+                    unsafe { h.get().core() }.visit(&visit)?;
+                }
+            }
+        }
+        visit.call(&st.thread_id)?;
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        let mut handlers = Vec::new();
+        if let Some(parts) = unsafe { self.st().uv.as_mut() } {
+            for w in parts.watchers.values() {
+                let w = unsafe { &mut *w.raw() };
+                handlers.extend(w.take_all().into_iter().flatten());
+                let _ = w.update();
+            }
+        }
+        for h in handlers {
+            h.get().cancel_now();
+            release_handle(h);
+        }
+        self.release_callbacks();
     }
 
     /// Sets (or replaces) the reader or writer of `fd`. The handle runs each
@@ -445,8 +510,8 @@ impl LoopCore {
                 return Err(PyErr::fetch(py));
             }
             let items = (*(args.as_ptr() as *mut pyo3::ffi::PyTupleObject)).ob_item.as_ptr();
-            let cb = Callback::new(callback.as_ptr(), items, args.len(), ctx, false);
-            Handle::create(py, cb, true)?.unbind()
+            let cb = Callback::new(callback.as_ptr(), items, args.len());
+            Handle::create(py, HandleCore::new(cb, ctx, false, true))?.unbind()
         };
         let parts = self.parts()?;
         if !parts.watchers.contains_key(&fd) {
@@ -467,6 +532,7 @@ impl LoopCore {
         }
         if let Some(old) = old {
             old.get().cancel_now();
+            release_handle(old);
         }
         Ok(())
     }
@@ -486,6 +552,7 @@ impl LoopCore {
         match old {
             Some(h) => {
                 h.get().cancel_now();
+                release_handle(h);
                 true
             }
             None => false,

@@ -80,6 +80,10 @@ impl FdWatcher {
         self.writer.as_ref().map(|h| h.clone_ref(py))
     }
 
+    pub(crate) fn handlers(&self) -> impl Iterator<Item = &Py<Handle>> {
+        self.reader.iter().chain(self.writer.iter())
+    }
+
     pub(crate) fn is_idle(&self) -> bool {
         self.reader.is_none() && self.writer.is_none()
     }

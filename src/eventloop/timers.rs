@@ -12,7 +12,7 @@ use std::rc::Rc;
 
 use pyo3::prelude::*;
 
-use crate::handles::{TimerBook, TimerHandle};
+use crate::handles::{release_handle, TimerBook, TimerHandle};
 
 /// Below this many entries a heap full of cancelled timers is not worth a
 /// rebuild (the same threshold asyncio uses).
@@ -89,6 +89,7 @@ impl TimerHeap {
                 let h = e.handle.get();
                 if h.is_cancelled() {
                     h.unschedule();
+                    release_handle(e.handle);
                 } else {
                     live.push(e);
                 }
@@ -103,7 +104,7 @@ impl TimerHeap {
                 break;
             }
             h.unschedule();
-            self.heap.pop();
+            release_handle(self.heap.pop().expect("peeked").handle);
             let c = &self.book.cancelled_in_heap;
             c.set(c.get().saturating_sub(1));
         }
@@ -129,6 +130,10 @@ impl TimerHeap {
             c.set(c.get().saturating_sub(1));
         }
         Some(e.handle)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Py<TimerHandle>> {
+        self.heap.iter().map(|e| &e.handle)
     }
 
     /// Empties the heap, handing every handle to the caller (loop close).
