@@ -29,16 +29,38 @@ What it does (see /work/shared/BENCHMARKING.md):
   (Python build, package versions, zuvrs commit and build, OS, CPU, affinity,
   GC, sizes). A ratio marked ``~`` is a tie: the two loops' min..max ranges
   of throughput overlap.
+* Each sample records which build of its loop it ran (size and mtime of the
+  extension module); if a loop was reinstalled during the run, or the load
+  average says the machine was busy, the report says so at the top. A
+  build whose exposed profile is not a release (``zuvrs._zuvrs.BUILD_PROFILE``)
+  is flagged too.
 * stdout gets the markdown; progress lines go to stderr as samples finish.
 
 Options: ``--loops``, ``--workloads``, ``--samples K`` (default 5),
-``--warmups`` (default 1), ``--quick``, ``--scale F`` / ``--size NAME=N``
+``--warmups`` (default 1), ``--quick`` (3 samples, half sizes, about a
+minute with four loops), ``--scale F`` / ``--size NAME=N``
 (sizes), ``--timeout S`` (per sample), ``--cpus 0`` (pin every sample),
 ``--python PATH`` (interpreter for samples), ``--no-gc`` (diagnostic only,
 never a headline), ``--json out.json``, ``--markdown out.md``.
 
-Workload bodies live in ``benchmarks/workloads.py`` and are shared with the
-pytest-codspeed suite ``benchmarks/test_benchmarks.py``.
+Workloads (default sizes; ``benchmarks/workloads.py``, shared with the
+pytest-codspeed suite ``benchmarks/test_benchmarks.py``)::
+
+    call_soon        1,000,000 call_soon(cb) in one batch from one callback
+    call_soon_args   the same with 3 arguments (checksummed)
+    timers_cancel    200,000 call_later scheduled then cancelled, one more turn
+    timers_fire      100,000 call_later with delays 1 + i % 100 ms, all fire,
+                     order checked (includes >= 101 ms of waiting: a floor
+                     that compresses the ratios)
+    sleep0_tasks     200,000 tasks doing one sleep(0), gathered 5,000 at a time
+    sleep0_one_task  one task doing 200,000 sleep(0)
+    threadsafe       200,000 call_soon_threadsafe from another thread
+    task_fanout      gather() of 100,000 small coroutines
+
+Time = loop creation + work + loop.close(), measured inside the sample;
+parity checks run after the clock stops. The plain test run
+``python3 -m pytest benchmarks -q`` checks every body on every installed
+loop at small sizes in a few seconds.
 """
 
 from __future__ import annotations
@@ -610,6 +632,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"timeout {timeout:g} s, python {a.python}")
 
     machine = machine_info()
+    repo = repo_info()
     env = probe_env(a.python)
     loop_info: Dict[str, Any] = {}
     unavailable: Dict[str, str] = {}
@@ -709,7 +732,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                           "DISABLED" if gc_seen == {False} else
                           "mixed" if gc_seen else "n/a"),
         "builds_seen": builds_seen,
-        "provenance": {"python": env, "loops": loop_info, "repo": repo_info(),
+        "provenance": {"python": env, "loops": loop_info, "repo": repo,
                        "machine": m},
         "results": results,
     }

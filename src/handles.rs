@@ -181,6 +181,16 @@ impl HandleCore {
         (self.context.as_ptr(), self.shared_context)
     }
 
+    /// Puts a copy of a taken callback back (for error reports); true if it
+    /// did, and the caller then calls `finish_run`.
+    pub(crate) fn show_callback(&mut self, cb: &Callback) -> bool {
+        if self.callback.is_some() || self.cancelled {
+            return false;
+        }
+        self.callback = Some(cb.clone_refs());
+        true
+    }
+
     /// After a run with `keep`: a one-shot handle lets go of its callback
     /// (returned, to drop outside any borrow).
     pub(crate) fn finish_run(&mut self) -> Option<Callback> {

@@ -35,7 +35,7 @@ def test_policy_new_event_loop(flavor):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         policy = flavor.EventLoopPolicy()
-    assert isinstance(policy, asyncio.AbstractEventLoopPolicy)
+        assert isinstance(policy, asyncio.AbstractEventLoopPolicy)
     lp = policy.new_event_loop()
     try:
         assert isinstance(lp, flavor.Loop)

@@ -184,8 +184,7 @@ def test_task_factory_receives_kwargs_like_asyncio(loop):
     received = []
 
     def factory(lp, coro, **kwargs):
-        received.append((lp, kwargs))
-        kwargs.pop("name", None)
+        received.append((lp, dict(kwargs)))
         return asyncio.Task(coro, loop=lp, **kwargs)
 
     loop.set_task_factory(factory)

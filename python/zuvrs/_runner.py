@@ -13,6 +13,8 @@ def run(main, *, debug=None):
     closed)."""
     from . import new_event_loop
 
+    if asyncio.events._get_running_loop() is not None:
+        raise RuntimeError("zuvrs.run() cannot be called from a running event loop")
     if sys.version_info >= (3, 11):
         with asyncio.Runner(debug=debug, loop_factory=new_event_loop) as runner:
             return runner.run(main)
@@ -23,8 +25,6 @@ def _run_310(main, debug, new_event_loop):
     # Python 3.10 has no asyncio.Runner: mirror its asyncio.run().
     from asyncio import events, coroutines, tasks
 
-    if events._get_running_loop() is not None:
-        raise RuntimeError("asyncio.run() cannot be called from a running event loop")
     if not coroutines.iscoroutine(main):
         raise ValueError(f"a coroutine was expected, got {main!r}")
     loop = new_event_loop()

@@ -267,12 +267,19 @@ impl LoopCore {
     }
 }
 
+/// Hands a callback's exception to the loop's exception handler. The handle
+/// shows its callback again while the handler looks at it (as asyncio's
+/// handle does), then lets go of it.
 fn report_callback_error(slf: &Bound<'_, PyAny>, item: &Ready, cb: &Callback, err: PyErr) -> PyResult<()> {
     let py = slf.py();
     let handle = unsafe { Bound::from_borrowed_ptr(py, item.as_ptr()) };
     let func = unsafe { Bound::from_borrowed_ptr(py, cb.func()) };
-    slf.call_method1("_report_callback_error", (handle, err.into_value(py), func, cb.args_tuple(py)))?;
-    Ok(())
+    let shown = unsafe { item.core().show_callback(cb) };
+    let res = slf.call_method1("_report_callback_error", (handle, err.into_value(py), func, cb.args_tuple(py)));
+    if shown {
+        drop(unsafe { item.core().finish_run() });
+    }
+    res.map(drop)
 }
 
 #[pymethods]
