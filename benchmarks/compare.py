@@ -9,7 +9,7 @@ Usage (from the repository root)::
     python3 benchmarks/compare.py --samples 9 --json run.json --markdown run.md
     python3 benchmarks/compare.py --size call_soon=200000 --timeout 60
 
-What it does (see /work/shared/BENCHMARKING.md):
+What it does:
 
 * Each loop is first probed in its own process: a loop whose package is not
   installed, or does not import, is reported as such and skipped.
