@@ -135,6 +135,8 @@ pub(crate) struct HandleCore {
     context: NonNull<ffi::PyObject>,
     /// The context is a loop snapshot other handles may share (see context.rs).
     shared_context: bool,
+    /// Where the handle was created (debug mode only), as asyncio records it.
+    source_traceback: Option<Py<PyAny>>,
     cancelled: bool,
     /// Reader, writer and signal handles run every time their event fires and
     /// keep their callback until cancelled.
@@ -154,9 +156,15 @@ impl HandleCore {
             callback: Some(cb),
             context: unsafe { NonNull::new_unchecked(context) },
             shared_context,
+            source_traceback: None,
             cancelled: false,
             repeat,
         }
+    }
+
+    /// Records where the handle was created (debug mode).
+    pub(crate) fn set_source_traceback(&mut self, tb: Py<PyAny>) {
+        self.source_traceback = Some(tb);
     }
 
     /// The call to make now: moved out for one-shot handles, shared for
@@ -207,6 +215,7 @@ impl HandleCore {
         if let Some(cb) = &self.callback {
             cb.visit(visit)?;
         }
+        visit.call(&self.source_traceback)?;
         visit.call(as_py(&self.context.as_ptr()))
     }
 
@@ -310,6 +319,13 @@ fn repr_of(py: Python<'_>, kind: &str, when: Option<f64>, core: &HandleCore) -> 
         let src = helpers.call_method1("_format_callback_source", (func, cb.args_tuple(py)))?;
         parts.push(src.extract()?);
     }
+    if let Some(tb) = &core.source_traceback {
+        let tb = tb.bind(py);
+        if tb.len()? > 0 {
+            let frame = tb.get_item(-1)?;
+            parts.push(format!("created at {}:{}", frame.get_item(0)?, frame.get_item(1)?));
+        }
+    }
     Ok(format!("<{}>", parts.join(" ")))
 }
 
@@ -381,6 +397,12 @@ impl Handle {
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         unsafe { &*self.core.get() }.visit(&visit)
+    }
+
+    /// Where the handle was created, in debug mode (else None).
+    #[getter]
+    fn _source_traceback(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        unsafe { self.core().source_traceback.as_ref().map(|t| t.clone_ref(py)) }
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
@@ -492,6 +514,12 @@ impl TimerHandle {
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         unsafe { &*self.core.get() }.visit(&visit)
+    }
+
+    /// Where the handle was created, in debug mode (else None).
+    #[getter]
+    fn _source_traceback(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        unsafe { self.core().source_traceback.as_ref().map(|t| t.clone_ref(py)) }
     }
 
     fn __hash__(&self) -> u64 {

@@ -180,7 +180,7 @@ def test_set_get_task_factory(loop):
         loop.set_task_factory(1)
 
 
-def test_task_factory_receives_kwargs_like_asyncio(loop):
+def test_task_factory_receives_kwargs_like_reference(loop):
     received = []
 
     def factory(lp, coro, **kwargs):

@@ -106,13 +106,19 @@ class Loop(_zuvrs.LoopCore, asyncio.BaseEventLoop):
 
     def _report_callback_error(self, handle, exc, callback, args):
         source = format_helpers._format_callback_source(callback, args)
-        self.call_exception_handler(
-            {
-                "message": f"Exception in callback {source}",
-                "exception": exc,
-                "handle": handle,
-            }
-        )
+        context = {
+            "message": f"Exception in callback {source}",
+            "exception": exc,
+            "handle": handle,
+        }
+        if handle._source_traceback:
+            context["source_traceback"] = handle._source_traceback
+        self.call_exception_handler(context)
+
+    def _extract_source_traceback(self):
+        # Debug mode: where call_soon/call_later was called. The native
+        # call_* methods have no frame, so the caller is the frame above.
+        return format_helpers.extract_stack(sys._getframe(1))
 
     def _warn_slow_callback(self, handle, callback, seconds):
         owner = getattr(callback, "__self__", None)

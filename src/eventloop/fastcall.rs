@@ -66,6 +66,7 @@ fn missing(method: &str, what: &str) -> PyErr {
 /// and its context.
 unsafe fn make_core(
     py: Python<'_>,
+    core_obj: *mut ffi::PyObject,
     core: &LoopCore,
     a: &FastArgs,
     first: usize,
@@ -95,7 +96,12 @@ unsafe fn make_core(
             }
         };
         let cb = Callback::new(a.arg(first), a.args.add(first + 1), a.nargs - first - 1);
-        Ok(HandleCore::new(cb, ctx.0, ctx.1, false))
+        let mut hc = HandleCore::new(cb, ctx.0, ctx.1, false);
+        if core.debug() {
+            let obj = Bound::from_borrowed_ptr(py, core_obj);
+            hc.set_source_traceback(obj.call_method0("_extract_source_traceback")?.unbind());
+        }
+        Ok(hc)
     }
 }
 
@@ -123,7 +129,7 @@ unsafe fn soon(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, threadsafe
         if core.debug() {
             debug_checks(&obj, a.arg(0), method, !threadsafe)?;
         }
-        let hc = make_core(py, core, a, 0, context)?;
+        let hc = make_core(py, slf, core, a, 0, context)?;
         let h = Handle::create(py, hc)?;
         let ptr = h.as_ptr();
         ffi::Py_INCREF(ptr);
@@ -169,7 +175,7 @@ unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bo
         if core.debug() {
             debug_checks(&obj, a.arg(1), "call_at", true)?;
         }
-        let hc = make_core(py, core, a, 1, context)?;
+        let hc = make_core(py, slf, core, a, 1, context)?;
         let st = core.st();
         let h = TimerHandle::create(py, when, hc, st.timers.book())?;
         let ptr = h.as_ptr();
