@@ -265,18 +265,25 @@ def test_run_until_complete_while_running(loop):
     assert errors == ["This event loop is already running"]
 
 
+INNER_RUNS = {
+    "run_forever": lambda lp: lp.run_forever(),
+    "run_until_complete": lambda lp: lp.run_until_complete(lp.create_future()),
+}
+
+
+# One method per test: CPython 3.13.0 clears the running loop after a failed
+# nested run_forever(), which would hide a second check in the same callback.
+@pytest.mark.parametrize("method", sorted(INNER_RUNS))
 @pytest.mark.parametrize("inner_kind", ["same", "reference"])
-def test_run_while_another_loop_is_running(loop, loop_factory, inner_kind):
+def test_run_while_another_loop_is_running(loop, loop_factory, inner_kind, method):
     inner = loop_factory() if inner_kind == "same" else LoopFactory("asyncio")()
     errors = []
 
     def cb():
-        for method in (inner.run_forever,
-                       lambda: inner.run_until_complete(inner.create_future())):
-            try:
-                method()
-            except RuntimeError as exc:
-                errors.append(str(exc))
+        try:
+            INNER_RUNS[method](inner)
+        except RuntimeError as exc:
+            errors.append(str(exc))
         loop.stop()
 
     try:
@@ -284,8 +291,7 @@ def test_run_while_another_loop_is_running(loop, loop_factory, inner_kind):
         run_forever(loop)
     finally:
         inner.close()
-    msg = "Cannot run the event loop while another loop is running"
-    assert errors == [msg, msg]
+    assert errors == ["Cannot run the event loop while another loop is running"]
 
 
 def test_other_loop_cannot_run_inside_reference_loop(loop):

@@ -18,13 +18,38 @@ use super::LoopCore;
 use crate::handles::{Callback, Handle, HandleCore, Ready, TimerHandle};
 
 /// Where a call's arguments are, as vectorcall passes them.
-struct FastArgs {
-    args: *const *mut ffi::PyObject,
-    nargs: usize,
-    kwnames: *mut ffi::PyObject,
+pub(super) struct FastArgs {
+    pub(super) args: *const *mut ffi::PyObject,
+    pub(super) nargs: usize,
+    pub(super) kwnames: *mut ffi::PyObject,
 }
 
 impl FastArgs {
+    /// Number of keyword arguments.
+    #[inline]
+    pub(super) fn nkw(&self) -> usize {
+        if self.kwnames.is_null() {
+            0
+        } else {
+            unsafe { ffi::PyTuple_GET_SIZE(self.kwnames) as usize }
+        }
+    }
+
+    /// True if every keyword name is one of `allowed`.
+    pub(super) fn keywords_within(&self, allowed: &[&str]) -> bool {
+        (0..self.nkw()).all(|i| unsafe {
+            let name = ffi::PyTuple_GET_ITEM(self.kwnames, i as ffi::Py_ssize_t);
+            let mut size: ffi::Py_ssize_t = 0;
+            let p = ffi::PyUnicode_AsUTF8AndSize(name, &mut size);
+            if p.is_null() {
+                ffi::PyErr_Clear();
+                return false;
+            }
+            let s = std::slice::from_raw_parts(p as *const u8, size as usize);
+            allowed.iter().any(|a| a.as_bytes() == s)
+        })
+    }
+
     /// The `context=` keyword (None when absent or None); any other keyword
     /// is a TypeError naming `method`, as for a Python function.
     unsafe fn context(&self, py: Python<'_>, method: &str) -> PyResult<Option<*mut ffi::PyObject>> {
@@ -52,8 +77,9 @@ impl FastArgs {
         }
     }
 
+    /// The i-th argument (positional first, then keyword values).
     #[inline]
-    unsafe fn arg(&self, i: usize) -> *mut ffi::PyObject {
+    pub(super) unsafe fn arg(&self, i: usize) -> *mut ffi::PyObject {
         unsafe { *self.args.add(i) }
     }
 }
@@ -212,6 +238,10 @@ fast_entry!(call_soon, soon, false);
 fast_entry!(call_soon_threadsafe, soon, true);
 fast_entry!(call_later, at, true);
 fast_entry!(call_at, at, false);
+fast_entry!(create_task, tasks_create_task, false);
+fast_entry!(create_future, tasks_create_future, false);
+
+use super::tasks::{create_future as tasks_create_future, create_task as tasks_create_task};
 
 const FLAGS: i32 = ffi::METH_FASTCALL | ffi::METH_KEYWORDS;
 
@@ -226,16 +256,18 @@ fn method_def(name: &'static CStr, f: ffi::PyCFunctionFastWithKeywords, doc: &'s
 
 /// Adds the fast methods to `LoopCore` as method descriptors.
 pub(crate) fn install_fast_methods(py: Python<'_>) -> PyResult<()> {
-    let defs: [ffi::PyMethodDef; 4] = [
+    let defs: [ffi::PyMethodDef; 6] = [
         method_def(c"call_soon", call_soon, c"call_soon(callback, *args, context=None)\n--\n\nSchedule callback to run on the next turn of the loop."),
         method_def(c"call_soon_threadsafe", call_soon_threadsafe, c"call_soon_threadsafe(callback, *args, context=None)\n--\n\nLike call_soon(), callable from any thread; wakes the loop."),
         method_def(c"call_later", call_later, c"call_later(delay, callback, *args, context=None)\n--\n\nSchedule callback to run after delay seconds."),
         method_def(c"call_at", call_at, c"call_at(when, callback, *args, context=None)\n--\n\nSchedule callback to run at loop time when."),
+        method_def(c"create_task", create_task, c"create_task(coro, *, name=None, context=None)\n--\n\nSchedule the execution of a coroutine object; return a Task."),
+        method_def(c"create_future", create_future, c"create_future()\n--\n\nCreate a Future object attached to the loop."),
     ];
     let ty = py.get_type::<LoopCore>();
     for def in defs {
         // The descriptor keeps a pointer to its PyMethodDef for the life of
-        // the type: leak it deliberately (four small structs per process).
+        // the type: leak it deliberately (a few small structs per process).
         let def: &'static mut ffi::PyMethodDef = Box::leak(Box::new(def));
         // SAFETY: the type object is a live heap type; the def is 'static.
         let descr = unsafe { ffi::PyDescr_NewMethod(ty.as_ptr() as *mut ffi::PyTypeObject, def) };

@@ -16,6 +16,7 @@
 mod fastcall;
 mod gil;
 mod poll;
+mod tasks;
 mod timers;
 
 use std::cell::UnsafeCell;
@@ -358,6 +359,11 @@ impl LoopCore {
     #[setter(_closed)]
     fn set_closed(&self, value: bool) {
         unsafe { self.st().closed = value }
+    }
+
+    /// Whether debug mode is on (asyncio's Task asks on every creation).
+    fn get_debug(&self) -> bool {
+        self.debug()
     }
 
     #[getter(_debug)]

@@ -1,0 +1,114 @@
+//! `create_task` and `create_future` without a Python frame.
+//!
+//! asyncio's versions are Python functions in `BaseEventLoop`; every task a
+//! server creates pays for that frame. The fast path builds asyncio's own
+//! (C) `Task` / `Future` exactly as `BaseEventLoop` does; anything unusual (a
+//! task factory, debug mode, keywords other than `name` and `context`) goes to
+//! `BaseEventLoop`'s own method, so behaviour never differs.
+
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyModule, PyString, PyTuple};
+
+use super::fastcall::FastArgs;
+use super::LoopCore;
+
+static ASYNCIO: PyOnceLock<(Py<PyModule>, Py<PyModule>, Py<PyAny>)> = PyOnceLock::new();
+
+/// (asyncio.tasks, asyncio.futures, asyncio.BaseEventLoop)
+fn asyncio_parts(py: Python<'_>) -> PyResult<&(Py<PyModule>, Py<PyModule>, Py<PyAny>)> {
+    ASYNCIO.get_or_try_init(py, || {
+        Ok((
+            py.import("asyncio.tasks")?.unbind(),
+            py.import("asyncio.futures")?.unbind(),
+            py.import("asyncio")?.getattr("BaseEventLoop")?.unbind(),
+        ))
+    })
+}
+
+/// Keyword names accepted on the fast path, by Python version.
+#[cfg(Py_3_11)]
+const FAST_KEYWORDS: &[&str] = &["name", "context"];
+#[cfg(not(Py_3_11))]
+const FAST_KEYWORDS: &[&str] = &["name"];
+
+/// Calls `BaseEventLoop.create_task(self, *args, **kwargs)` unchanged.
+unsafe fn create_task_slow(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs) -> PyResult<*mut ffi::PyObject> {
+    unsafe {
+        let base = asyncio_parts(py)?.2.bind(py).getattr(pyo3::intern!(py, "create_task"))?;
+        // Prepend self to the positional arguments.
+        let mut args: Vec<*mut ffi::PyObject> = Vec::with_capacity(a.nargs + a.nkw() + 1);
+        args.push(slf);
+        for i in 0..a.nargs + a.nkw() {
+            args.push(a.arg(i));
+        }
+        let r = ffi::PyObject_Vectorcall(base.as_ptr(), args.as_ptr(), a.nargs + 1, a.kwnames);
+        if r.is_null() {
+            Err(PyErr::fetch(py))
+        } else {
+            Ok(r)
+        }
+    }
+}
+
+pub(super) unsafe fn create_task(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, _: bool) -> PyResult<*mut ffi::PyObject> {
+    unsafe {
+        let obj = Bound::from_borrowed_ptr(py, slf);
+        let core = obj.cast_unchecked::<LoopCore>().get();
+        if a.nargs != 1 || core.debug() || !a.keywords_within(FAST_KEYWORDS) {
+            return create_task_slow(py, slf, a);
+        }
+        core.check_open()?;
+        if !obj.getattr(pyo3::intern!(py, "_task_factory"))?.is_none() {
+            return create_task_slow(py, slf, a);
+        }
+        let task_type = asyncio_parts(py)?.0.bind(py).getattr(pyo3::intern!(py, "Task"))?;
+        // Task(coro, loop=self, <the caller's keywords>)
+        let nkw = a.nkw();
+        let mut args: Vec<*mut ffi::PyObject> = Vec::with_capacity(nkw + 2);
+        args.push(a.arg(0));
+        args.push(slf);
+        let mut names: Vec<Bound<'_, PyString>> = Vec::with_capacity(nkw + 1);
+        names.push(pyo3::intern!(py, "loop").clone());
+        for i in 0..nkw {
+            args.push(a.arg(1 + i));
+            names.push(Bound::from_borrowed_ptr(py, ffi::PyTuple_GET_ITEM(a.kwnames, i as ffi::Py_ssize_t)).cast_into_unchecked());
+        }
+        let kwnames = if nkw == 0 { loop_only(py).clone() } else { PyTuple::new(py, names)? };
+        let r = ffi::PyObject_Vectorcall(task_type.as_ptr(), args.as_ptr(), 1, kwnames.as_ptr());
+        if r.is_null() {
+            Err(PyErr::fetch(py))
+        } else {
+            Ok(r)
+        }
+    }
+}
+
+/// The keyword-name tuple `("loop",)`.
+fn loop_only(py: Python<'_>) -> &Bound<'_, PyTuple> {
+    static LOOP_ONLY: PyOnceLock<Py<PyTuple>> = PyOnceLock::new();
+    LOOP_ONLY
+        .get_or_init(py, || PyTuple::new(py, [pyo3::intern!(py, "loop")]).expect("tuple").unbind())
+        .bind(py)
+}
+
+pub(super) unsafe fn create_future(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, _: bool) -> PyResult<*mut ffi::PyObject> {
+    unsafe {
+        if a.nargs != 0 || a.nkw() != 0 {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "BaseEventLoop.create_future() takes 1 positional argument but more were given",
+            ));
+        }
+        let future_type = asyncio_parts(py)?.1.bind(py).getattr(pyo3::intern!(py, "Future"))?;
+        let args = [slf];
+        let r = ffi::PyObject_Vectorcall(future_type.as_ptr(), args.as_ptr(), 0, loop_only(py).as_ptr());
+        if r.is_null() {
+            Err(PyErr::fetch(py))
+        } else {
+            Ok(r)
+        }
+    }
+}
+
