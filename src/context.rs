@@ -8,14 +8,17 @@
 //! context's variable mapping (an immutable HAMT, replaced on every change).
 //!
 //! A callback must still run in a context of its own, so that what it sets is
-//! seen by nobody else: a handle whose snapshot is shared runs in a fresh copy
-//! of it (`PyContext_Copy`, from CPython's free list, freed right after the
-//! run); the last holder runs in it directly.
+//! seen by nobody else. A handle whose snapshot is shared runs in the snapshot
+//! and, if the callback changed a variable (the mapping pointer moved), the
+//! snapshot's mapping is put back afterwards: the change lived exactly as long
+//! as the callback, as in a private copy, without allocating one per run.
 //!
-//! Reading the mapping pointer relies on the layout of CPython's context
-//! object (`PyObject_HEAD; ctx_prev; ctx_vars; ...`, unchanged since 3.7). It
-//! is checked once at import; if the check fails every callback gets its own
-//! copy, as in asyncio.
+//! This relies on the layout of CPython's context object
+//! (`PyObject_HEAD; ctx_prev; ctx_vars; ...`, unchanged since 3.7). It is
+//! checked once at import; if the check fails every callback gets its own
+//! copy, as in asyncio. Putting the old mapping back is invisible to
+//! ContextVar's lookup cache, which is keyed on the thread's context version,
+//! bumped by every enter and exit.
 
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,6 +67,10 @@ pub(crate) fn check_layout() {
 /// One loop's current snapshot.
 pub(crate) struct ContextCache {
     snapshot: *mut ffi::PyObject,
+    /// The shared snapshot a callback is running in right now. Its variables
+    /// may change during the run and are put back after it, so it must not
+    /// be handed to handles scheduled meanwhile.
+    running: *mut ffi::PyObject,
 }
 
 /// A context for a new handle: a new reference, and whether other handles
@@ -77,7 +84,7 @@ pub(crate) struct Snapshot {
 
 impl ContextCache {
     pub(crate) fn new() -> Self {
-        ContextCache { snapshot: ptr::null_mut() }
+        ContextCache { snapshot: ptr::null_mut(), running: ptr::null_mut() }
     }
 
     /// The context a callback scheduled now should run in. Null (with a
@@ -93,7 +100,7 @@ impl ContextCache {
                 return Snapshot { context: copy, shared: false, replaced: ptr::null_mut() };
             }
             let snap = self.snapshot;
-            if !snap.is_null() && vars_of(snap) == vars_of(copy) {
+            if !snap.is_null() && snap != self.running && vars_of(snap) == vars_of(copy) {
                 // Same variables as the snapshot: share it. (The copy came from
                 // CPython's context free list and goes straight back.)
                 ffi::Py_DECREF(copy);
@@ -106,24 +113,43 @@ impl ContextCache {
         }
     }
 
+    /// Marks the shared snapshot a callback is about to run in (null after).
+    #[inline]
+    pub(crate) fn set_running(&mut self, ctx: *mut ffi::PyObject) {
+        self.running = ctx;
+    }
+
     /// Forgets the snapshot; returns it for the caller to release.
     pub(crate) fn take(&mut self) -> *mut ffi::PyObject {
         std::mem::replace(&mut self.snapshot, ptr::null_mut())
     }
 }
 
-/// The context to enter for a run: `ctx` itself if nobody else holds it,
-/// else a private copy (`owned` = true; the caller releases it).
+/// Runs `call` inside `ctx`; when other handles share the snapshot, any
+/// variable the call sets is undone afterwards (see the module docs).
 ///
 /// # Safety
-/// GIL held.
+/// GIL held; `ctx` is a live context not currently entered.
 #[inline]
-pub(crate) unsafe fn for_run(ctx: *mut ffi::PyObject, shared: bool) -> (*mut ffi::PyObject, bool) {
+pub(crate) unsafe fn run_in(ctx: *mut ffi::PyObject, shared: bool, call: impl FnOnce(*mut ffi::PyObject) -> bool) -> bool {
     unsafe {
-        if shared && ffi::Py_REFCNT(ctx) > 1 {
-            (ffi::PyContext_Copy(ctx), true)
-        } else {
-            (ctx, false)
+        if !shared || ffi::Py_REFCNT(ctx) == 1 {
+            return call(ctx);
         }
+        // `shared` is only ever set when SHARING_SAFE held at capture time.
+        let slot = (ctx as *mut u8).add(VARS_OFFSET) as *mut *mut ffi::PyObject;
+        let before = *slot;
+        ffi::Py_INCREF(before);
+        let ok = call(ctx);
+        let after = *slot;
+        if after != before {
+            // The callback set a variable: give the snapshot its mapping back
+            // (our reference moves into the slot) and drop the changed one.
+            *slot = before;
+            ffi::Py_DECREF(after);
+        } else {
+            ffi::Py_DECREF(before);
+        }
+        ok
     }
 }

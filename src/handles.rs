@@ -256,24 +256,13 @@ impl Drop for HandleCore {
     }
 }
 
-/// Runs `cb` in the handle's context: in place when no other handle shares
-/// it, else in a private copy (see context.rs).
+/// Runs `cb` in the handle's context (see context.rs for shared snapshots).
 ///
 /// # Safety
 /// GIL held; `ctx` stays alive for the call (the caller holds the handle).
 #[inline]
 pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shared: bool) -> bool {
-    unsafe {
-        let (ctx, owned) = context::for_run(ctx, shared);
-        if ctx.is_null() {
-            return false;
-        }
-        let ok = cb.call_in(ctx);
-        if owned {
-            ffi::Py_DECREF(ctx);
-        }
-        ok
-    }
+    unsafe { context::run_in(ctx, shared, |c| cb.call_in(c)) }
 }
 
 /// Lets go of a handle the loop no longer queues. Queued handles are not

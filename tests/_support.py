@@ -7,6 +7,7 @@ Every test in this directory runs the same body on the stdlib selector loop
 import asyncio
 import contextlib
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -42,6 +43,20 @@ class LoopFactory:
 
     def __repr__(self):
         return f"LoopFactory({self.name!r})"
+
+
+async def noop_coro():
+    """A coroutine function (for 'coroutines cannot be used with ...' checks)."""
+
+
+# The four ways to schedule a plain callback, as f(loop, callback, *args, **kw);
+# the timer variants use a deadline that is already due.
+SCHEDULERS = {
+    "call_soon": lambda lp, cb, *args, **kw: lp.call_soon(cb, *args, **kw),
+    "call_soon_threadsafe": lambda lp, cb, *args, **kw: lp.call_soon_threadsafe(cb, *args, **kw),
+    "call_later": lambda lp, cb, *args, **kw: lp.call_later(0, cb, *args, **kw),
+    "call_at": lambda lp, cb, *args, **kw: lp.call_at(lp.time(), cb, *args, **kw),
+}
 
 
 def loop_type(factory):
@@ -187,8 +202,6 @@ def run_child(loop_name, body, timeout=20):
 
 def last_json_line(text):
     """The JSON document printed on the last non-empty line of ``text``."""
-    import json
-
     lines = [ln for ln in text.splitlines() if ln.strip()]
     assert lines, "child printed nothing"
     return json.loads(lines[-1])

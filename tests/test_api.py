@@ -7,6 +7,7 @@ against both.  A few tests of zuvrs-only attributes run for zuvrs alone.
 
 import asyncio
 import os
+import threading
 import warnings
 
 import pytest
@@ -135,8 +136,6 @@ def test_run_shuts_down_default_executor(flavor):
     threads = []
 
     async def main():
-        import threading
-
         def work():
             threads.append(threading.current_thread())
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from _support import PY312, collect_exceptions, run, run_forever, run_once
+from _support import PY312, SCHEDULERS, collect_exceptions, noop_coro, run, run_forever, run_once
 
 
 # -- ordering and arguments ----------------------------------------------------
@@ -183,18 +183,10 @@ def test_handle_get_context_default_is_a_copy(loop, loop_name):
 
 # -- contexts ------------------------------------------------------------------
 
-SCHEDULERS = {
-    "call_soon": lambda lp, cb, ctx: lp.call_soon(cb, context=ctx),
-    "call_soon_threadsafe": lambda lp, cb, ctx: lp.call_soon_threadsafe(cb, context=ctx),
-    "call_later": lambda lp, cb, ctx: lp.call_later(0, cb, context=ctx),
-    "call_at": lambda lp, cb, ctx: lp.call_at(lp.time(), cb, context=ctx),
-}
-
-
 @pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
 def test_handle_get_context_explicit(loop, loop_name, scheduler):
     ctx = contextvars.Context()
-    h = SCHEDULERS[scheduler](loop, print, ctx)
+    h = SCHEDULERS[scheduler](loop, print, context=ctx)
     _require_get_context(h, loop_name)
     assert h.get_context() is ctx
     h.cancel()
@@ -213,7 +205,7 @@ def test_context_kwarg(loop, scheduler):
         var.set("mutated")
         loop.stop()
 
-    SCHEDULERS[scheduler](loop, cb, ctx)
+    SCHEDULERS[scheduler](loop, cb, context=ctx)
     run_forever(loop)
     assert seen == ["in-ctx"]
     # The mutation happened inside ctx, not in the caller's context.
@@ -233,7 +225,7 @@ def test_default_context_is_copied_at_call_time(loop, scheduler):
         loop.stop()
 
     try:
-        SCHEDULERS[scheduler](loop, cb, None)
+        SCHEDULERS[scheduler](loop, cb)
         var.set("after-schedule")
         run_forever(loop)
         assert seen == ["at-schedule"]
@@ -531,34 +523,22 @@ def test_call_later_call_at_missing_callback(loop):
         loop.call_at(1)
 
 
-async def _coro_fn():
-    pass
-
-
-DEBUG_SCHEDULERS = {
-    "call_soon": lambda lp, cb: lp.call_soon(cb),
-    "call_soon_threadsafe": lambda lp, cb: lp.call_soon_threadsafe(cb),
-    "call_later": lambda lp, cb: lp.call_later(0, cb),
-    "call_at": lambda lp, cb: lp.call_at(lp.time(), cb),
-}
-
-
-@pytest.mark.parametrize("scheduler", sorted(DEBUG_SCHEDULERS))
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
 def test_debug_rejects_non_callable(loop, scheduler):
     loop.set_debug(True)
     with pytest.raises(TypeError, match="a callable object was expected by"):
-        DEBUG_SCHEDULERS[scheduler](loop, 1)
+        SCHEDULERS[scheduler](loop, 1)
 
 
-@pytest.mark.parametrize("scheduler", sorted(DEBUG_SCHEDULERS))
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
 def test_debug_rejects_coroutine_function(loop, scheduler):
     loop.set_debug(True)
     with pytest.raises(TypeError, match="coroutines cannot be used with"):
-        DEBUG_SCHEDULERS[scheduler](loop, _coro_fn)
-    coro = _coro_fn()
+        SCHEDULERS[scheduler](loop, noop_coro)
+    coro = noop_coro()
     try:
         with pytest.raises(TypeError, match="coroutines cannot be used with"):
-            DEBUG_SCHEDULERS[scheduler](loop, coro)
+            SCHEDULERS[scheduler](loop, coro)
     finally:
         coro.close()
 
@@ -572,3 +552,27 @@ def test_non_debug_non_callable_fails_when_run(loop):
     ctx = contexts[0][1]
     assert isinstance(ctx["exception"], TypeError)
     assert ctx["handle"] is handle
+
+
+def test_context_set_in_callback_is_seen_by_callbacks_it_schedules(loop):
+    """A callback scheduled without context= from inside a callback sees the
+    variables that callback set; callbacks scheduled alongside it do not."""
+    var = contextvars.ContextVar("chain", default="unset")
+    seen = []
+
+    def second(tag):
+        seen.append((tag, var.get()))
+
+    def first():
+        var.set("set-in-first")
+        loop.call_soon(second, "child")
+
+    loop.call_soon(first)
+    loop.call_soon(second, "sibling")
+    loop.call_soon(second, "sibling2")
+    loop.call_later(0.05, loop.stop)
+    loop.run_forever()
+    assert ("child", "set-in-first") in seen
+    assert ("sibling", "unset") in seen
+    assert ("sibling2", "unset") in seen
+    assert var.get() == "unset"

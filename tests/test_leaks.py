@@ -8,13 +8,16 @@ leak of one small object per callback would cost over the measured volume
 """
 
 import asyncio
+import contextvars
 import gc
+import signal
 import socket
 import warnings
+import weakref
 
 import pytest
 
-from _support import fd_count, gc_object_count, rss_bytes, run, run_forever, run_once
+from _support import SCHEDULERS, fd_count, gc_object_count, rss_bytes, run, run_forever, run_once
 
 MiB = 1024 * 1024
 RSS_TOLERANCE = 6 * MiB
@@ -61,8 +64,6 @@ def test_call_soon_handles_do_not_leak(loop):
 
 
 def test_call_soon_with_context_and_cancel_do_not_leak(loop):
-    import contextvars
-
     ctx = contextvars.Context()
 
     def workload():
@@ -191,8 +192,6 @@ def test_created_and_closed_loops_do_not_leak_fds(loop_factory):
 
 
 def test_loops_with_signal_handlers_do_not_leak_fds(loop_factory):
-    import signal
-
     def workload():
         for _ in range(20):
             lp = loop_factory()
@@ -269,25 +268,15 @@ class _CallableToken:
         pass
 
 
-SCHEDULE = {
-    "call_soon": lambda lp, cb, arg: lp.call_soon(cb, arg),
-    "call_soon_threadsafe": lambda lp, cb, arg: lp.call_soon_threadsafe(cb, arg),
-    "call_later": lambda lp, cb, arg: lp.call_later(0, cb, arg),
-    "call_at": lambda lp, cb, arg: lp.call_at(lp.time(), cb, arg),
-}
-
-
 def _refs():
-    import weakref
-
     cb, arg = _CallableToken(), _Token()
     return cb, arg, weakref.ref(cb), weakref.ref(arg)
 
 
-@pytest.mark.parametrize("how", sorted(SCHEDULE))
+@pytest.mark.parametrize("how", sorted(SCHEDULERS))
 def test_callback_and_args_released_after_run(loop, how):
     cb, arg, cb_ref, arg_ref = _refs()
-    SCHEDULE[how](loop, cb, arg)  # the handle is not kept
+    SCHEDULERS[how](loop, cb, arg)  # the handle is not kept
     del cb, arg
     run_once(loop)
     gc.collect()
@@ -295,10 +284,10 @@ def test_callback_and_args_released_after_run(loop, how):
     assert arg_ref() is None
 
 
-@pytest.mark.parametrize("how", sorted(SCHEDULE))
+@pytest.mark.parametrize("how", sorted(SCHEDULERS))
 def test_callback_and_args_released_on_cancel(loop, how):
     cb, arg, cb_ref, arg_ref = _refs()
-    handle = SCHEDULE[how](loop, cb, arg)
+    handle = SCHEDULERS[how](loop, cb, arg)
     del cb, arg
     handle.cancel()  # asyncio drops callback and args here, before the loop runs
     gc.collect()
@@ -316,10 +305,10 @@ def test_far_timer_released_on_cancel(loop):
     assert cb_ref() is None and arg_ref() is None
 
 
-@pytest.mark.parametrize("how", sorted(SCHEDULE))
+@pytest.mark.parametrize("how", sorted(SCHEDULERS))
 def test_pending_callbacks_released_on_close(loop, how):
     cb, arg, cb_ref, arg_ref = _refs()
-    SCHEDULE[how](loop, cb, arg)
+    SCHEDULERS[how](loop, cb, arg)
     loop.call_later(3600, cb, arg)
     del cb, arg
     loop.close()
@@ -360,8 +349,6 @@ def test_replaced_reader_released(loop):
 
 
 def test_signal_handler_released_on_remove(loop):
-    import signal
-
     cb, arg, cb_ref, arg_ref = _refs()
     loop.add_signal_handler(signal.SIGUSR1, cb, arg)
     del cb, arg
@@ -371,8 +358,6 @@ def test_signal_handler_released_on_remove(loop):
 
 
 def test_exception_released_after_handler(loop):
-    import weakref
-
     refs = []
 
     class Boom(Exception):
@@ -391,8 +376,6 @@ def test_exception_released_after_handler(loop):
 
 
 def test_loop_collected_after_close(loop_factory):
-    import weakref
-
     lp = loop_factory()
     _use_loop(lp)
     lp.close()

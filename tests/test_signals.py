@@ -5,7 +5,6 @@ fails to install its handler would otherwise let SIGUSR1's default action
 kill the whole test session.
 """
 
-import asyncio
 import signal
 import textwrap
 import threading
@@ -13,7 +12,7 @@ import time
 
 import pytest
 
-from _support import last_json_line, run_child, spawn_child
+from _support import last_json_line, noop_coro, run_child, spawn_child
 
 
 # -- argument checking (no signal is delivered) ------------------------------------
@@ -41,13 +40,9 @@ def test_uncatchable_signal(loop, sig):
     assert loop.remove_signal_handler(sig) is False
 
 
-async def _coro_fn():
-    pass
-
-
 def test_coroutine_function_rejected(loop):
     with pytest.raises(TypeError, match="coroutines cannot be used with add_signal_handler"):
-        loop.add_signal_handler(signal.SIGUSR1, _coro_fn)
+        loop.add_signal_handler(signal.SIGUSR1, noop_coro)
     assert loop.remove_signal_handler(signal.SIGUSR1) is False
 
 

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from _support import PY311, PY312, run, run_forever
+from _support import PY311, PY312, noop_coro, run, run_forever
 
 
 def _start_threads_when_running(loop, threads):
@@ -283,14 +283,10 @@ def test_run_in_executor_many_concurrent(loop):
     assert elapsed < 5
 
 
-async def _coro_fn():
-    pass
-
-
 def test_run_in_executor_debug_rejects_coroutine_function(loop):
     loop.set_debug(True)
     with pytest.raises(TypeError, match="coroutines cannot be used with run_in_executor"):
-        loop.run_in_executor(None, _coro_fn)
+        loop.run_in_executor(None, noop_coro)
 
 
 def test_set_default_executor(loop):

@@ -240,7 +240,14 @@ impl LoopCore {
             let started = if debug { Some(monotonic()) } else { None };
             // SAFETY: GIL held; no borrow of the state is live here; `item`
             // keeps the context alive.
-            if !unsafe { run_in_context(&cb, ctx, shared) } {
+            if shared {
+                unsafe { self.st().ctx_cache.set_running(ctx) };
+            }
+            let ok = unsafe { run_in_context(&cb, ctx, shared) };
+            if shared {
+                unsafe { self.st().ctx_cache.set_running(std::ptr::null_mut()) };
+            }
+            if !ok {
                 let err = PyErr::fetch(py);
                 if err.is_instance_of::<PyKeyboardInterrupt>(py) || err.is_instance_of::<PySystemExit>(py) {
                     return Err(err);
