@@ -40,7 +40,7 @@ impl Callback {
     ///
     /// # Safety
     /// GIL held; `func` is valid and `args` points at `nargs` valid objects.
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn new(func: *mut ffi::PyObject, args: *const *mut ffi::PyObject, nargs: usize) -> Callback {
         unsafe {
             let mut v = ArgVec::with_capacity(nargs);
@@ -151,6 +151,7 @@ impl HandleCore {
     ///
     /// # Safety
     /// `context` is a live `contextvars.Context`.
+    #[inline(always)]
     pub(crate) unsafe fn new(cb: Callback, context: *mut ffi::PyObject, shared_context: bool, repeat: bool) -> Self {
         HandleCore {
             callback: Some(cb),
@@ -347,7 +348,7 @@ impl HasCore for Handle {
 }
 
 impl Handle {
-    #[inline]
+    #[inline(always)]
     pub(crate) fn create(py: Python<'_>, core: HandleCore) -> PyResult<Bound<'_, Handle>> {
         let h = Bound::new(py, Handle { core: UnsafeCell::new(core) })?;
         untrack(&h);

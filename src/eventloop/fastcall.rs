@@ -90,6 +90,7 @@ fn missing(method: &str, what: &str) -> PyErr {
 
 /// Builds the state of a new handle: `callback, *args` starting at `first`,
 /// and its context.
+#[inline(always)]
 unsafe fn make_core(
     py: Python<'_>,
     core_obj: *mut ffi::PyObject,
