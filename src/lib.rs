@@ -4,6 +4,7 @@ mod context;
 mod errors;
 mod eventloop;
 mod handles;
+mod transport;
 mod uv;
 
 use pyo3::prelude::*;
@@ -14,6 +15,7 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<eventloop::LoopCore>()?;
     m.add_class::<handles::Handle>()?;
     m.add_class::<handles::TimerHandle>()?;
+    m.add_class::<transport::stream::StreamCore>()?;
     eventloop::install_fast_methods(m.py())?;
     m.add_function(wrap_pyfunction!(libuv_version, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -128,6 +128,18 @@ impl<T: HandleBox> UvHandle<T> {
         }
     }
 
+    /// Asks libuv to close the handle with a close callback of the owner's,
+    /// which must free the allocation (`Box::from_raw` of `*mut T`).
+    pub(crate) fn close_with(self, on_closed: unsafe extern "C" fn(*mut sys::uv_handle_t)) {
+        // SAFETY: as for close(); the callback takes over the allocation.
+        unsafe {
+            let h = self.as_handle();
+            if sys::uv_is_closing(h) == 0 {
+                sys::uv_close(h, Some(on_closed));
+            }
+        }
+    }
+
     /// Frees a handle whose `uv_*_init` failed (libuv never saw it).
     pub(crate) fn free_uninit(self) {
         // SAFETY: libuv holds no pointer to an uninitialised handle.

@@ -18,7 +18,10 @@ import threading
 from asyncio import coroutines, events, format_helpers
 from asyncio.log import logger
 
+import weakref
+
 from . import _zuvrs
+from ._network import NetworkMixin
 
 __all__ = ("Loop",)
 
@@ -43,7 +46,7 @@ def _ignore_signal(signum, frame):
     handler has already written the signal number to the wakeup socket."""
 
 
-class Loop(_zuvrs.LoopCore, asyncio.BaseEventLoop):
+class Loop(_zuvrs.LoopCore, NetworkMixin, asyncio.BaseEventLoop):
     """A libuv event loop implementing asyncio.AbstractEventLoop."""
 
     def __init__(self):
@@ -54,6 +57,8 @@ class Loop(_zuvrs.LoopCore, asyncio.BaseEventLoop):
         # The wakeup fd that was set before this loop claimed it, or None
         # while the loop does not hold it.
         self._wakeup_previous = None
+        # fd -> open socket transport (for add_reader checks and loop close).
+        self._transports = weakref.WeakValueDictionary()
 
     # -- running ---------------------------------------------------------
 
@@ -96,6 +101,9 @@ class Loop(_zuvrs.LoopCore, asyncio.BaseEventLoop):
             for sig in list(self._signal_handlers):
                 self.remove_signal_handler(sig)
         asyncio.BaseEventLoop.close(self)
+        # Transports still open lose their fd with the loop (libuv closes it).
+        for transport in list(self._transports.values()):
+            transport._release()
         self._free_core()
         for sock in (self._wakeup_r, self._wakeup_w):
             if sock is not None:
@@ -129,12 +137,14 @@ class Loop(_zuvrs.LoopCore, asyncio.BaseEventLoop):
 
     def add_reader(self, fd, callback, *args):
         """Call callback(*args) whenever fd is readable."""
+        self._ensure_fd_no_transport(fd)
         fd = _fileobj_to_fd(fd)
         self._check_closed()
         self._set_fd_handler(fd, False, callback, args)
 
     def remove_reader(self, fd):
         """Stop watching fd for reading; True if it was watched."""
+        self._ensure_fd_no_transport(fd)
         fd = _fileobj_to_fd(fd)
         if self.is_closed():
             return False
@@ -142,12 +152,14 @@ class Loop(_zuvrs.LoopCore, asyncio.BaseEventLoop):
 
     def add_writer(self, fd, callback, *args):
         """Call callback(*args) whenever fd is writable."""
+        self._ensure_fd_no_transport(fd)
         fd = _fileobj_to_fd(fd)
         self._check_closed()
         self._set_fd_handler(fd, True, callback, args)
 
     def remove_writer(self, fd):
         """Stop watching fd for writing; True if it was watched."""
+        self._ensure_fd_no_transport(fd)
         fd = _fileobj_to_fd(fd)
         if self.is_closed():
             return False

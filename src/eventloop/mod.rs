@@ -20,7 +20,7 @@ mod tasks;
 mod timers;
 
 use std::cell::UnsafeCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PySystemExit};
 use pyo3::prelude::*;
@@ -29,6 +29,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::context::ContextCache;
 use crate::errors::uv_error;
+use crate::transport::stream::StreamCore;
 use crate::handles::{release_handle, run_in_context, Callback, Handle, HandleCore, HasCore, Ready};
 use crate::uv::{sys, UvHandle, UvLoop};
 use gil::GilHandoff;
@@ -76,6 +77,30 @@ pub(crate) struct LoopState {
     stopping: bool,
     debug: bool,
     thread_id: Option<Py<PyAny>>,
+    /// A KeyboardInterrupt or SystemExit raised by Python code that ran
+    /// inside a libuv callback: re-raised once `uv_run` returns.
+    pending_error: Option<PyErr>,
+    /// Scratch buffer stream reads land in before they become `bytes`.
+    pub(crate) read_buf: Vec<u8>,
+    /// Open stream transports, closed with the loop (their fds included).
+    pub(crate) streams: HashSet<*const StreamCore>,
+}
+
+impl LoopState {
+    /// Stops the current `uv_run` and keeps `err` to raise from run_forever.
+    pub(crate) fn raise_later(&mut self, err: PyErr) {
+        if self.pending_error.is_none() {
+            self.pending_error = Some(err);
+        }
+        if let Some(parts) = &self.uv {
+            unsafe { sys::uv_stop(parts.uv.raw()) };
+        }
+    }
+
+    /// The libuv loop, while open.
+    pub(crate) fn uv_loop(&self) -> Option<*mut sys::uv_loop_t> {
+        self.uv.as_ref().map(|p| p.uv.raw())
+    }
 }
 
 #[pyclass(module = "zuvrs._zuvrs", name = "LoopCore", subclass, frozen)]
@@ -115,6 +140,11 @@ impl LoopCore {
     #[inline]
     pub(crate) unsafe fn st(&self) -> &mut LoopState {
         unsafe { &mut *self.state.get() }
+    }
+
+    /// The loop state, for transports (see `st` for the rules).
+    pub(crate) fn state_ptr(&self) -> *mut LoopState {
+        self.state.get()
     }
 
     #[inline]
@@ -307,6 +337,9 @@ impl LoopCore {
             stopping: false,
             debug: false,
             thread_id: None,
+            pending_error: None,
+            read_buf: Vec::new(),
+            streams: HashSet::new(),
         }));
         let sp = state.get();
         // SAFETY: each handle is initialised on the fresh loop; their data
@@ -431,6 +464,9 @@ impl LoopCore {
                     this.st().gil.reacquire();
                 }
                 last_poll = if busy { now } else { monotonic() };
+                if let Some(err) = unsafe { this.st().pending_error.take() } {
+                    break Err(err);
+                }
             }
             this.collect_due_timers();
             if let Err(e) = this.run_ready(any) {
@@ -452,6 +488,12 @@ impl LoopCore {
         let st = unsafe { self.st() };
         st.closed = true;
         let mut handlers = Vec::new();
+        // Streams close their libuv handles (and fds) with the loop.
+        let streams: Vec<*const StreamCore> = st.streams.drain().collect();
+        for s in streams {
+            unsafe { (*s).close_handle() };
+        }
+        let st = unsafe { self.st() };
         if let Some(mut parts) = st.uv.take() {
             for (_, w) in parts.watchers.drain() {
                 handlers.extend(unsafe { (*w.raw()).take_all() }.into_iter().flatten());

@@ -1,0 +1,258 @@
+"""Socket operations of zuvrs.Loop (mixed into the loop class).
+
+asyncio.BaseEventLoop already implements create_connection, create_server,
+connect_accepted_socket, the streams API and Server objects on top of a few
+primitives; this module provides those primitives the way zuvrs does them:
+``sock_*`` coroutines over the loop's fd watchers, accepting connections for
+servers, and transports over native stream cores.
+"""
+
+import errno
+import socket
+from asyncio import constants, sslproto, trsock
+from asyncio.log import logger
+
+from ._transports import SocketTransport
+
+__all__ = ("NetworkMixin",)
+
+_ACCEPT_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+def _check_socket(loop, sock):
+    """The checks asyncio's sock_* methods make on their socket."""
+    import ssl as _ssl
+
+    if isinstance(sock, _ssl.SSLSocket):
+        raise TypeError("Socket cannot be of type SSLSocket")
+    if loop.get_debug() and sock.gettimeout() != 0:
+        raise ValueError("the socket must be non-blocking")
+
+
+class NetworkMixin:
+    # -- transports -------------------------------------------------------
+
+    def _make_socket_transport(self, sock, protocol, waiter=None, *, extra=None, server=None):
+        self._ensure_fd_no_transport(sock)
+        return SocketTransport(self, sock, protocol, waiter, extra, server)
+
+    def _make_ssl_transport(self, rawsock, protocol, sslcontext, waiter=None, *, server_side=False,
+                            server_hostname=None, extra=None, server=None, **timeouts):
+        ssl_protocol = sslproto.SSLProtocol(
+            self, protocol, sslcontext, waiter, server_side, server_hostname, **timeouts
+        )
+        self._make_socket_transport(rawsock, ssl_protocol, extra=extra, server=server)
+        return ssl_protocol._app_transport
+
+    def _ensure_fd_no_transport(self, fd):
+        fileno = fd
+        if not isinstance(fileno, int):
+            try:
+                fileno = int(fileno.fileno())
+            except (AttributeError, TypeError, ValueError):
+                raise ValueError(f"Invalid file object: {fd!r}") from None
+        transport = self._transports.get(fileno)
+        if transport is not None and not transport.is_closing():
+            raise RuntimeError(f"File descriptor {fd!r} is used by transport {transport!r}")
+
+    # -- servers ------------------------------------------------------------
+
+    def _start_serving(self, protocol_factory, sock, sslcontext=None, server=None, backlog=100, *timeouts):
+        self._set_fd_handler(
+            sock.fileno(), False, self._accept_connections,
+            (protocol_factory, sock, sslcontext, server, backlog) + tuple(timeouts),
+        )
+
+    def _stop_serving(self, sock):
+        if not self.is_closed():
+            self._clear_fd_handler(sock.fileno(), False)
+        sock.close()
+
+    def _accept_connections(self, protocol_factory, sock, sslcontext, server, backlog, *timeouts):
+        # Drain up to `backlog` pending connections per readiness event.
+        for _ in range(backlog):
+            try:
+                conn, addr = sock.accept()
+                conn.setblocking(False)
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_OUT_OF_RESOURCES:
+                    raise
+                # Out of fds or memory: stop accepting for a moment (Linux
+                # keeps reporting the socket readable) and log it.
+                self.call_exception_handler(
+                    {
+                        "message": "socket.accept() out of system resource",
+                        "exception": exc,
+                        "socket": trsock.TransportSocket(sock),
+                    }
+                )
+                self._clear_fd_handler(sock.fileno(), False)
+                self.call_later(
+                    constants.ACCEPT_RETRY_DELAY, self._start_serving,
+                    protocol_factory, sock, sslcontext, server, backlog, *timeouts,
+                )
+                return
+            self.create_task(
+                self._set_up_accepted(protocol_factory, conn, {"peername": addr}, sslcontext, server, timeouts)
+            )
+
+    async def _set_up_accepted(self, protocol_factory, conn, extra, sslcontext, server, timeouts):
+        protocol = transport = None
+        try:
+            protocol = protocol_factory()
+            waiter = self.create_future()
+            if sslcontext:
+                names = ("ssl_handshake_timeout", "ssl_shutdown_timeout")
+                transport = self._make_ssl_transport(
+                    conn, protocol, sslcontext, waiter=waiter, server_side=True,
+                    extra=extra, server=server, **dict(zip(names, timeouts)),
+                )
+            else:
+                transport = self._make_socket_transport(conn, protocol, waiter=waiter, extra=extra, server=server)
+            try:
+                await waiter
+            except BaseException:
+                transport.close()
+                raise
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            if self._debug:
+                context = {
+                    "message": "Error on transport creation for incoming connection",
+                    "exception": exc,
+                }
+                if protocol is not None:
+                    context["protocol"] = protocol
+                if transport is not None:
+                    context["transport"] = transport
+                self.call_exception_handler(context)
+
+    # -- sock_* coroutines --------------------------------------------------
+
+    def _wait_fd(self, fd, write, attempt):
+        """A future resolved by repeating `attempt()` whenever fd is ready
+        (readable, or writable when `write`) until it stops raising
+        BlockingIOError / InterruptedError."""
+        fut = self.create_future()
+
+        def on_ready():
+            if fut.done():
+                return
+            try:
+                result = attempt()
+            except (BlockingIOError, InterruptedError):
+                return
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+        def cleanup(_):
+            if not self.is_closed():
+                self._clear_fd_handler(fd, write)
+
+        self._ensure_fd_no_transport(fd)
+        self._set_fd_handler(fd, write, on_ready, ())
+        fut.add_done_callback(cleanup)
+        return fut
+
+    async def sock_recv(self, sock, n):
+        _check_socket(self, sock)
+        try:
+            return sock.recv(n)
+        except (BlockingIOError, InterruptedError):
+            pass
+        return await self._wait_fd(sock.fileno(), False, lambda: sock.recv(n))
+
+    async def sock_recv_into(self, sock, buf):
+        _check_socket(self, sock)
+        try:
+            return sock.recv_into(buf)
+        except (BlockingIOError, InterruptedError):
+            pass
+        return await self._wait_fd(sock.fileno(), False, lambda: sock.recv_into(buf))
+
+    async def sock_recvfrom(self, sock, bufsize):
+        _check_socket(self, sock)
+        try:
+            return sock.recvfrom(bufsize)
+        except (BlockingIOError, InterruptedError):
+            pass
+        return await self._wait_fd(sock.fileno(), False, lambda: sock.recvfrom(bufsize))
+
+    async def sock_recvfrom_into(self, sock, buf, nbytes=0):
+        _check_socket(self, sock)
+        nbytes = nbytes or len(buf)
+        try:
+            return sock.recvfrom_into(buf, nbytes)
+        except (BlockingIOError, InterruptedError):
+            pass
+        return await self._wait_fd(sock.fileno(), False, lambda: sock.recvfrom_into(buf, nbytes))
+
+    async def sock_sendall(self, sock, data):
+        _check_socket(self, sock)
+        view = memoryview(data).cast("B")
+        total = len(view)
+        try:
+            sent = sock.send(view)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent == total:
+            return
+        progress = [sent]
+
+        def attempt():
+            n = sock.send(view[progress[0]:])
+            progress[0] += n
+            if progress[0] < total:
+                raise BlockingIOError
+            return None
+
+        await self._wait_fd(sock.fileno(), True, attempt)
+
+    async def sock_sendto(self, sock, data, address):
+        _check_socket(self, sock)
+        try:
+            return sock.sendto(data, address)
+        except (BlockingIOError, InterruptedError):
+            pass
+        return await self._wait_fd(sock.fileno(), True, lambda: sock.sendto(data, address))
+
+    async def sock_connect(self, sock, address):
+        _check_socket(self, sock)
+        if sock.family == socket.AF_INET or (socket.has_ipv6 and sock.family == socket.AF_INET6):
+            resolved = await self._ensure_resolved(
+                address, family=sock.family, type=sock.type, proto=sock.proto, loop=self
+            )
+            _, _, _, _, address = resolved[0]
+        try:
+            sock.connect(address)
+            return
+        except (BlockingIOError, InterruptedError):
+            pass
+
+        def check_connected():
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err != 0:
+                raise OSError(err, f"Connect call failed {address}")
+
+        await self._wait_fd(sock.fileno(), True, check_connected)
+
+    async def sock_accept(self, sock):
+        _check_socket(self, sock)
+
+        def attempt():
+            conn, address = sock.accept()
+            conn.setblocking(False)
+            return conn, address
+
+        try:
+            return attempt()
+        except (BlockingIOError, InterruptedError):
+            pass
+        return await self._wait_fd(sock.fileno(), False, attempt)

@@ -1,0 +1,147 @@
+"""Socket transports: asyncio.Transport objects over a native StreamCore.
+
+The transport is an ``asyncio.Transport`` subclass (so ``isinstance`` checks
+hold); its hot methods (write, writelines, close, pause_reading, ...) are the
+native core's bound methods set on the instance, so calling them runs no
+Python code. What happens once per connection (connection_made and
+connection_lost, error reports, server bookkeeping) is here.
+"""
+
+import asyncio
+import socket
+import sys
+from asyncio import futures, protocols, trsock
+from asyncio.log import logger
+
+from . import _zuvrs
+
+__all__ = ("SocketTransport",)
+
+# Methods served by the native core, bound per instance.
+_NATIVE_METHODS = (
+    "write",
+    "writelines",
+    "write_eof",
+    "can_write_eof",
+    "close",
+    "abort",
+    "is_closing",
+    "pause_reading",
+    "resume_reading",
+    "is_reading",
+    "get_write_buffer_size",
+    "get_write_buffer_limits",
+    "set_write_buffer_limits",
+    "get_protocol",
+)
+
+# Server._attach/_detach take the transport from 3.13 on (close_clients).
+_SERVER_TRACKS_TRANSPORTS = sys.version_info >= (3, 13)
+
+
+def _set_nodelay(sock):
+    # As asyncio does for every TCP transport: small writes go out at once.
+    if (
+        sock.family in (socket.AF_INET, socket.AF_INET6)
+        and sock.type == socket.SOCK_STREAM
+        and sock.proto == socket.IPPROTO_TCP
+    ):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class SocketTransport(asyncio.Transport):
+    """A TCP (stream socket) transport; libuv owns the socket's fd."""
+
+    def __init__(self, loop, sock, protocol, waiter=None, extra=None, server=None):
+        super().__init__(extra)
+        self._extra["socket"] = trsock.TransportSocket(sock)
+        try:
+            self._extra["sockname"] = sock.getsockname()
+        except OSError:
+            self._extra["sockname"] = None
+        if "peername" not in self._extra:
+            try:
+                self._extra["peername"] = sock.getpeername()
+            except OSError:
+                self._extra["peername"] = None
+        _set_nodelay(sock)
+        self._loop = loop
+        self._sock = sock
+        self._sock_fd = sock.fileno()
+        self._server = server
+        self._protocol_connected = False
+        core = _zuvrs.StreamCore.open_tcp(loop, self._sock_fd, self)
+        self._core = core
+        for name in _NATIVE_METHODS:
+            setattr(self, name, getattr(core, name))
+        self.set_protocol(protocol)
+        if server is not None:
+            if _SERVER_TRACKS_TRANSPORTS:
+                server._attach(self)
+            else:
+                server._attach()
+        loop._transports[self._sock_fd] = self
+        loop.call_soon(protocol.connection_made, self)
+        # Reading starts only once connection_made() has run.
+        loop.call_soon(core.start_reading)
+        if waiter is not None:
+            loop.call_soon(futures._set_result_unless_cancelled, waiter, None)
+
+    def __repr__(self):
+        info = [type(self).__name__]
+        if self._sock is None:
+            info.append("closed")
+        elif self._core.is_closing():
+            info.append("closing")
+        info.append(f"fd={self._sock_fd}")
+        return "<{}>".format(" ".join(info))
+
+    def set_protocol(self, protocol):
+        self._core.set_protocol(protocol, isinstance(protocol, protocols.BufferedProtocol))
+        self._protocol_connected = True
+
+    def _fatal_error(self, exc, message="Fatal error on transport"):
+        if isinstance(exc, OSError):
+            if self._loop.get_debug():
+                logger.debug("%r: %s", self, message, exc_info=True)
+        else:
+            self._report_error(message, exc)
+        self._core._force_close(exc)
+
+    def _report_error(self, message, exc):
+        self._loop.call_exception_handler(
+            {
+                "message": message,
+                "exception": exc,
+                "transport": self,
+                "protocol": self._core.get_protocol(),
+            }
+        )
+
+    def _call_connection_lost(self, exc):
+        try:
+            if self._protocol_connected:
+                protocol = self._core.get_protocol()
+                if protocol is not None:
+                    protocol.connection_lost(exc)
+        finally:
+            self._release()
+
+    def _release(self):
+        """Free the fd (libuv closes it) and forget the protocol and server."""
+        sock = self._sock
+        if sock is None:
+            return
+        self._sock = None
+        # libuv owns the fd: keep the socket object from closing it too.
+        sock.detach()
+        self._core._close_handle()
+        self._core._forget_protocol()
+        if self._loop._transports.get(self._sock_fd) is self:
+            del self._loop._transports[self._sock_fd]
+        server, self._server = self._server, None
+        if server is not None:
+            if _SERVER_TRACKS_TRANSPORTS:
+                server._detach(self)
+            else:
+                server._detach()

@@ -1,0 +1,742 @@
+//! Stream transports over `uv_tcp_t` (TCP now; Unix sockets and pipes share
+//! this code later).
+//!
+//! Reads land in the loop's scratch buffer and become one exactly-sized
+//! `bytes` per read, passed to `protocol.data_received` (or copied into a
+//! BufferedProtocol's buffer). Writes go out at once with `uv_try_write` when
+//! nothing is queued; the rest is queued, `bytes` by reference (never
+//! copied), other buffers copied, and written by one vectored `uv_write` at a
+//! time. Flow control calls `pause_writing` / `resume_writing` at the water
+//! marks, as asyncio's selector transports do.
+//!
+//! Life of the handle: `open_tcp` allocates it and keeps a strong reference
+//! to the core in the handle's box, so the core lives while libuv may call
+//! back; `close_handle` (after connection_lost, or when the loop closes)
+//! calls `uv_close`, whose callback frees the box and that reference.
+
+use std::cell::UnsafeCell;
+use std::collections::VecDeque;
+use std::mem::MaybeUninit;
+use std::ptr;
+
+use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PySystemExit, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
+use smallvec::SmallVec;
+
+use crate::errors::uv_error;
+use crate::eventloop::{LoopCore, LoopState};
+use crate::uv::{sys, HandleBox, UvHandle};
+
+/// asyncio's defaults for the write buffer water marks.
+const DEFAULT_HIGH_WATER: usize = 64 * 1024;
+/// After this many writes to a lost connection asyncio starts warning.
+const LOG_THRESHOLD_FOR_CONNLOST_WRITES: u32 = 5;
+/// Size of the loop's read scratch buffer.
+const READ_BUF_SIZE: usize = 256 * 1024;
+
+#[repr(C)]
+struct StreamBox {
+    /// Must stay the first field (see `HandleBox`).
+    tcp: sys::uv_tcp_t,
+    loop_state: *mut LoopState,
+    /// The core, kept alive until libuv is done with the handle.
+    keep_alive: Option<Py<StreamCore>>,
+}
+
+// SAFETY: repr(C) with the uv handle first.
+unsafe impl HandleBox for StreamBox {}
+
+/// Bytes waiting to be written.
+enum Chunk {
+    /// An immutable `bytes`, referenced, from `offset` on.
+    Shared(Py<PyBytes>, usize),
+    /// A copy of a mutable buffer.
+    Owned(Vec<u8>, usize),
+}
+
+impl Chunk {
+    fn remaining(&self, _py: Python<'_>) -> &[u8] {
+        match self {
+            // SAFETY: a bytes object's buffer is immutable and lives as long
+            // as the reference this chunk holds.
+            Chunk::Shared(b, off) => unsafe {
+                let p = b.as_ptr();
+                let data = pyo3::ffi::PyBytes_AsString(p) as *const u8;
+                let len = pyo3::ffi::PyBytes_Size(p) as usize;
+                &std::slice::from_raw_parts(data, len)[*off..]
+            },
+            Chunk::Owned(v, off) => &v[*off..],
+        }
+    }
+
+    fn advance(&mut self, n: usize) {
+        match self {
+            Chunk::Shared(_, off) | Chunk::Owned(_, off) => *off += n,
+        }
+    }
+}
+
+/// One in-flight `uv_write` and the buffers it points into.
+#[repr(C)]
+struct WriteReq {
+    req: sys::uv_write_t,
+    chunks: SmallVec<[Chunk; 4]>,
+    bytes: usize,
+}
+
+struct StreamState {
+    handle: Option<UvHandle<StreamBox>>,
+    loop_state: *mut LoopState,
+    loop_obj: Py<PyAny>,
+    /// The Python transport (an asyncio.Transport) this core belongs to.
+    wrapper: Py<PyAny>,
+    protocol: Option<Py<PyAny>>,
+    buffered: bool,
+    /// start_reading() was called (connection_made has run).
+    started: bool,
+    reading: bool,
+    paused: bool,
+    closing: bool,
+    conn_lost: u32,
+    eof: bool,
+    queue: VecDeque<Chunk>,
+    queued_bytes: usize,
+    in_flight_bytes: usize,
+    writing: bool,
+    high_water: usize,
+    low_water: usize,
+    protocol_paused: bool,
+}
+
+#[pyclass(module = "zuvrs._zuvrs", name = "StreamCore", frozen)]
+pub struct StreamCore {
+    state: UnsafeCell<StreamState>,
+}
+
+// SAFETY: touched only with the GIL held.
+unsafe impl Sync for StreamCore {}
+unsafe impl Send for StreamCore {}
+
+fn is_fatal_base(py: Python<'_>, err: &PyErr) -> bool {
+    err.is_instance_of::<PyKeyboardInterrupt>(py) || err.is_instance_of::<PySystemExit>(py)
+}
+
+impl StreamCore {
+    /// # Safety
+    /// GIL held; no reference kept across calls into Python or libuv.
+    #[allow(clippy::mut_from_ref)]
+    #[inline]
+    unsafe fn st(&self) -> &mut StreamState {
+        unsafe { &mut *self.state.get() }
+    }
+
+    fn stream_ptr(&self) -> Option<*mut sys::uv_stream_t> {
+        unsafe { self.st().handle.as_ref().map(|h| h.raw() as *mut sys::uv_stream_t) }
+    }
+
+    fn loop_state(&self) -> &mut LoopState {
+        unsafe { &mut *self.st().loop_state }
+    }
+
+    /// Reports an exception raised by Python code run from a libuv callback:
+    /// KeyboardInterrupt and SystemExit stop the loop and propagate.
+    fn fail_in_callback(&self, py: Python<'_>, err: PyErr) {
+        if is_fatal_base(py, &err) {
+            self.loop_state().raise_later(err);
+        } else {
+            // Reporting itself failed: the exception handler raised. Nothing
+            // better to do than the unraisable hook.
+            err.write_unraisable(py, None);
+        }
+    }
+
+    /// `wrapper._fatal_error(exc, message)` (asyncio's transport contract).
+    fn fatal_error(&self, py: Python<'_>, exc: PyErr, message: &str) -> PyResult<()> {
+        let wrapper = unsafe { self.st().wrapper.clone_ref(py) };
+        wrapper.call_method1(py, pyo3::intern!(py, "_fatal_error"), (exc.into_value(py), message))?;
+        Ok(())
+    }
+
+    fn start_read(&self) -> Result<(), i32> {
+        let st = unsafe { self.st() };
+        if st.reading || !st.started || st.paused || st.closing {
+            return Ok(());
+        }
+        let Some(stream) = self.stream_ptr() else { return Ok(()) };
+        let rc = unsafe { sys::uv_read_start(stream, Some(on_alloc), Some(on_read)) };
+        if rc < 0 {
+            return Err(rc);
+        }
+        unsafe { self.st().reading = true };
+        Ok(())
+    }
+
+    fn stop_read(&self) {
+        let st = unsafe { self.st() };
+        if st.reading {
+            st.reading = false;
+            if let Some(stream) = self.stream_ptr() {
+                unsafe { sys::uv_read_stop(stream) };
+            }
+        }
+    }
+
+    fn buffer_size(&self) -> usize {
+        let st = unsafe { self.st() };
+        st.queued_bytes + st.in_flight_bytes
+    }
+
+    /// Schedules `wrapper._call_connection_lost(exc)` on the loop.
+    fn schedule_connection_lost(&self, py: Python<'_>, exc: Option<Py<PyAny>>) -> PyResult<()> {
+        let (loop_obj, wrapper) = unsafe {
+            let st = self.st();
+            (st.loop_obj.clone_ref(py), st.wrapper.clone_ref(py))
+        };
+        let cb = wrapper.getattr(py, pyo3::intern!(py, "_call_connection_lost"))?;
+        loop_obj.call_method1(py, pyo3::intern!(py, "call_soon"), (cb, exc))?;
+        Ok(())
+    }
+
+    fn maybe_pause_protocol(&self, py: Python<'_>) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        if st.protocol_paused || self.buffer_size() <= st.high_water {
+            return Ok(());
+        }
+        st.protocol_paused = true;
+        let Some(protocol) = st.protocol.as_ref().map(|p| p.clone_ref(py)) else { return Ok(()) };
+        if let Err(err) = protocol.call_method0(py, pyo3::intern!(py, "pause_writing")) {
+            if is_fatal_base(py, &err) {
+                return Err(err);
+            }
+            self.report(py, "protocol.pause_writing() failed", err)?;
+        }
+        Ok(())
+    }
+
+    fn maybe_resume_protocol(&self, py: Python<'_>) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        if !st.protocol_paused || self.buffer_size() > st.low_water {
+            return Ok(());
+        }
+        st.protocol_paused = false;
+        let Some(protocol) = st.protocol.as_ref().map(|p| p.clone_ref(py)) else { return Ok(()) };
+        if let Err(err) = protocol.call_method0(py, pyo3::intern!(py, "resume_writing")) {
+            if is_fatal_base(py, &err) {
+                return Err(err);
+            }
+            self.report(py, "protocol.resume_writing() failed", err)?;
+        }
+        Ok(())
+    }
+
+    /// `wrapper._report_error(message, exc)`: the loop's exception handler
+    /// with the transport and protocol in the context.
+    fn report(&self, py: Python<'_>, message: &str, err: PyErr) -> PyResult<()> {
+        let wrapper = unsafe { self.st().wrapper.clone_ref(py) };
+        wrapper.call_method1(py, pyo3::intern!(py, "_report_error"), (message, err.into_value(py)))?;
+        Ok(())
+    }
+
+    /// Queues `chunk` and makes sure a write is in flight.
+    fn enqueue(&self, py: Python<'_>, chunk: Chunk, len: usize) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        st.queue.push_back(chunk);
+        st.queued_bytes += len;
+        self.submit(py)?;
+        self.maybe_pause_protocol(py)
+    }
+
+    /// Starts one vectored `uv_write` of everything queued, unless one is
+    /// already in flight.
+    fn submit(&self, py: Python<'_>) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        if st.writing || st.queue.is_empty() {
+            return Ok(());
+        }
+        let Some(stream) = self.stream_ptr() else { return Ok(()) };
+        let mut req = Box::new(WriteReq {
+            // SAFETY: initialised by uv_write below.
+            req: unsafe { MaybeUninit::zeroed().assume_init() },
+            chunks: st.queue.drain(..).collect(),
+            bytes: st.queued_bytes,
+        });
+        st.in_flight_bytes += st.queued_bytes;
+        st.queued_bytes = 0;
+        let bufs: SmallVec<[sys::uv_buf_t; 4]> = req
+            .chunks
+            .iter()
+            .map(|c| {
+                let b = c.remaining(py);
+                unsafe { sys::uv_buf_init(b.as_ptr() as *mut _, b.len() as u32) }
+            })
+            .collect();
+        let me = self as *const StreamCore;
+        req.req.data = me as *mut _;
+        let raw = Box::into_raw(req);
+        // SAFETY: the buffers point into chunks owned by the request, which
+        // lives until on_write frees it.
+        let rc = unsafe { sys::uv_write(&mut (*raw).req, stream, bufs.as_ptr(), bufs.len() as u32, Some(on_write)) };
+        if rc < 0 {
+            let req = unsafe { Box::from_raw(raw) };
+            let st = unsafe { self.st() };
+            st.in_flight_bytes -= req.bytes;
+            drop(req);
+            return self.fatal_error(py, uv_error(rc), "Fatal write error on socket transport");
+        }
+        st.writing = true;
+        Ok(())
+    }
+
+    /// Sends EOF (shutdown of the write side) once nothing is left to write.
+    fn maybe_shutdown(&self) {
+        let st = unsafe { self.st() };
+        if !st.eof || st.writing || !st.queue.is_empty() {
+            return;
+        }
+        let Some(stream) = self.stream_ptr() else { return };
+        let req = Box::into_raw(Box::new(unsafe { MaybeUninit::<sys::uv_shutdown_t>::zeroed().assume_init() }));
+        let rc = unsafe { sys::uv_shutdown(req, stream, Some(on_shutdown)) };
+        if rc < 0 {
+            drop(unsafe { Box::from_raw(req) });
+        }
+    }
+
+    /// asyncio's `_force_close`: drop pending data, stop reading, and
+    /// schedule connection_lost(exc).
+    fn force_close(&self, py: Python<'_>, exc: Option<Py<PyAny>>) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        if st.conn_lost > 0 {
+            return Ok(());
+        }
+        let dropped: Vec<Chunk> = st.queue.drain(..).collect();
+        st.queued_bytes = 0;
+        st.closing = true;
+        st.conn_lost += 1;
+        self.stop_read();
+        drop(dropped);
+        // An in-flight write is cancelled by closing the handle.
+        self.schedule_connection_lost(py, exc)
+    }
+
+    /// Closes the libuv handle (and with it the fd); called after
+    /// connection_lost or when the loop closes.
+    pub(crate) fn close_handle(&self) {
+        let st = unsafe { self.st() };
+        st.reading = false;
+        if let Some(h) = st.handle.take() {
+            let me = self as *const StreamCore;
+            unsafe { (*st.loop_state).streams.remove(&me) };
+            h.close_with(on_closed);
+        }
+    }
+
+    fn on_read(&self, py: Python<'_>, nread: isize) {
+        let result = if nread > 0 {
+            self.deliver(py, nread as usize)
+        } else if nread == sys::uv_errno_t_UV_EOF as isize {
+            self.on_eof(py)
+        } else if nread < 0 {
+            self.stop_read();
+            self.fatal_error(py, uv_error(nread as i32), "Fatal read error on socket transport")
+        } else {
+            Ok(())
+        };
+        if let Err(err) = result {
+            self.fail_in_callback(py, err);
+        }
+    }
+
+    /// Hands `n` bytes from the scratch buffer to the protocol.
+    fn deliver(&self, py: Python<'_>, n: usize) -> PyResult<()> {
+        let (protocol, buffered) = {
+            let st = unsafe { self.st() };
+            match &st.protocol {
+                Some(p) => (p.clone_ref(py), st.buffered),
+                None => return Ok(()),
+            }
+        };
+        let data = &self.loop_state().read_buf[..n];
+        let res = if buffered {
+            deliver_buffered(py, &protocol, data)
+        } else {
+            let bytes = PyBytes::new(py, data);
+            protocol.call_method1(py, pyo3::intern!(py, "data_received"), (bytes,)).map(drop)
+        };
+        match res {
+            Ok(()) => Ok(()),
+            Err(err) if is_fatal_base(py, &err) => Err(err),
+            Err(err) => {
+                let msg = if buffered {
+                    "Fatal error: protocol.buffer_updated() call failed."
+                } else {
+                    "Fatal error: protocol.data_received() call failed."
+                };
+                self.fatal_error(py, err, msg)
+            }
+        }
+    }
+
+    fn on_eof(&self, py: Python<'_>) -> PyResult<()> {
+        self.stop_read();
+        let Some(protocol) = (unsafe { self.st().protocol.as_ref().map(|p| p.clone_ref(py)) }) else { return Ok(()) };
+        match protocol.call_method0(py, pyo3::intern!(py, "eof_received")) {
+            Ok(keep_open) => {
+                if !keep_open.is_truthy(py)? {
+                    self.close(py)?;
+                }
+                Ok(())
+            }
+            Err(err) if is_fatal_base(py, &err) => Err(err),
+            Err(err) => self.fatal_error(py, err, "Fatal error: protocol.eof_received() call failed."),
+        }
+    }
+
+    fn on_write_done(&self, py: Python<'_>, bytes: usize, status: i32) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        st.writing = false;
+        st.in_flight_bytes -= bytes;
+        if status == sys::uv_errno_t_UV_ECANCELED as i32 || st.handle.is_none() {
+            return Ok(());
+        }
+        if status < 0 {
+            return self.fatal_error(py, uv_error(status), "Fatal write error on socket transport");
+        }
+        self.submit(py)?;
+        self.maybe_resume_protocol(py)?;
+        let st = unsafe { self.st() };
+        if !st.writing && st.queue.is_empty() {
+            if st.closing && st.conn_lost == 0 {
+                st.conn_lost += 1;
+                self.schedule_connection_lost(py, None)?;
+            } else {
+                self.maybe_shutdown();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies `data` into a BufferedProtocol's buffers (get_buffer / buffer_updated).
+fn deliver_buffered(py: Python<'_>, protocol: &Py<PyAny>, mut data: &[u8]) -> PyResult<()> {
+    while !data.is_empty() {
+        let buf = protocol.call_method1(py, pyo3::intern!(py, "get_buffer"), (data.len() as isize,))?;
+        let view = PyMemoryView::from(buf.bind(py))?;
+        let pybuf = pyo3::buffer::PyBuffer::<u8>::get(view.as_any())?;
+        if pybuf.readonly() || pybuf.item_count() == 0 {
+            return Err(PyRuntimeError::new_err("get_buffer() returned an empty or read-only buffer"));
+        }
+        let n = pybuf.item_count().min(data.len());
+        // SAFETY: the buffer is writable, contiguous (checked by PyBuffer for
+        // u8) and at least n bytes long; we hold the GIL.
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), pybuf.buf_ptr() as *mut u8, n) };
+        drop(pybuf);
+        protocol.call_method1(py, pyo3::intern!(py, "buffer_updated"), (n,))?;
+        data = &data[n..];
+    }
+    Ok(())
+}
+
+unsafe extern "C" fn on_alloc(handle: *mut sys::uv_handle_t, _suggested: usize, buf: *mut sys::uv_buf_t) {
+    // SAFETY: data is the live core; the scratch buffer belongs to its loop
+    // and is consumed by on_read before the next allocation.
+    unsafe {
+        let core = &*((*handle).data as *const StreamCore);
+        let ls = core.loop_state();
+        if ls.read_buf.len() < READ_BUF_SIZE {
+            ls.read_buf.resize(READ_BUF_SIZE, 0);
+        }
+        *buf = sys::uv_buf_init(ls.read_buf.as_mut_ptr() as *mut _, READ_BUF_SIZE as u32);
+    }
+}
+
+unsafe extern "C" fn on_read(stream: *mut sys::uv_stream_t, nread: isize, _buf: *const sys::uv_buf_t) {
+    unsafe {
+        let core = &*((*stream).data as *const StreamCore);
+        core.loop_state().gil.reacquire();
+        let py = Python::assume_attached();
+        core.on_read(py, nread);
+    }
+}
+
+unsafe extern "C" fn on_write(req: *mut sys::uv_write_t, status: i32) {
+    unsafe {
+        let req = Box::from_raw(req as *mut WriteReq);
+        let core = &*(req.req.data as *const StreamCore);
+        core.loop_state().gil.reacquire();
+        let py = Python::assume_attached();
+        let bytes = req.bytes;
+        drop(req);
+        if let Err(err) = core.on_write_done(py, bytes, status) {
+            core.fail_in_callback(py, err);
+        }
+    }
+}
+
+unsafe extern "C" fn on_shutdown(req: *mut sys::uv_shutdown_t, _status: i32) {
+    unsafe { drop(Box::from_raw(req)) };
+}
+
+unsafe extern "C" fn on_closed(handle: *mut sys::uv_handle_t) {
+    // SAFETY: the box came from UvHandle<StreamBox>; this is its one close
+    // callback. Dropping keep_alive needs the GIL.
+    unsafe {
+        let b = Box::from_raw(handle as *mut StreamBox);
+        (*b.loop_state).gil.reacquire();
+        drop(b);
+    }
+}
+
+/// Borrows the bytes of a bytes-like object: `bytes` is referenced, other
+/// buffers are copied (they may change after write() returns).
+fn to_chunk(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<(Chunk, usize)> {
+    if let Ok(b) = data.cast::<PyBytes>() {
+        let n = b.as_bytes().len();
+        return Ok((Chunk::Shared(b.clone().unbind(), 0), n));
+    }
+    if data.is_instance_of::<PyByteArray>() || data.is_instance_of::<PyMemoryView>() {
+        let pybuf = pyo3::buffer::PyBuffer::<u8>::get(data)?;
+        let v = pybuf.to_vec(py)?;
+        let n = v.len();
+        return Ok((Chunk::Owned(v, 0), n));
+    }
+    Err(PyTypeError::new_err(format!(
+        "data argument must be a bytes-like object, not '{}'",
+        data.get_type().name()?
+    )))
+}
+
+#[pymethods]
+impl StreamCore {
+    /// Wraps a connected TCP socket's fd (libuv takes the fd over) for the
+    /// Python transport `wrapper`.
+    #[staticmethod]
+    fn open_tcp(py: Python<'_>, loop_obj: &Bound<'_, PyAny>, fd: i32, wrapper: Py<PyAny>) -> PyResult<Py<StreamCore>> {
+        let core_loop = loop_obj.cast::<LoopCore>()?.get();
+        let loop_state = core_loop.state_ptr();
+        let uv_loop = unsafe { (*loop_state).uv_loop() }.ok_or_else(|| PyRuntimeError::new_err("Event loop is closed"))?;
+        let core = Py::new(
+            py,
+            StreamCore {
+                state: UnsafeCell::new(StreamState {
+                    handle: None,
+                    loop_state,
+                    loop_obj: loop_obj.clone().unbind(),
+                    wrapper,
+                    protocol: None,
+                    buffered: false,
+                    started: false,
+                    reading: false,
+                    paused: false,
+                    closing: false,
+                    conn_lost: 0,
+                    eof: false,
+                    queue: VecDeque::new(),
+                    queued_bytes: 0,
+                    in_flight_bytes: 0,
+                    writing: false,
+                    high_water: DEFAULT_HIGH_WATER,
+                    low_water: DEFAULT_HIGH_WATER / 4,
+                    protocol_paused: false,
+                }),
+            },
+        )?;
+        let me = core.get() as *const StreamCore;
+        let h = UvHandle::new(StreamBox {
+            // SAFETY: initialised by uv_tcp_init below.
+            tcp: unsafe { MaybeUninit::zeroed().assume_init() },
+            loop_state,
+            keep_alive: None,
+        });
+        // SAFETY: fresh allocation on an open loop.
+        let rc = unsafe { sys::uv_tcp_init(uv_loop, &mut (*h.raw()).tcp) };
+        if rc < 0 {
+            h.free_uninit();
+            return Err(uv_error(rc));
+        }
+        h.set_data(me as *mut StreamCore);
+        let rc = unsafe { sys::uv_tcp_open(&mut (*h.raw()).tcp, fd) };
+        if rc < 0 {
+            h.close_with(on_closed);
+            return Err(uv_error(rc));
+        }
+        unsafe {
+            (*h.raw()).keep_alive = Some(core.clone_ref(py));
+            (*core.get().state.get()).handle = Some(h);
+            (*loop_state).streams.insert(me);
+        }
+        Ok(core)
+    }
+
+    /// Starts delivering data (asyncio starts reading after connection_made).
+    fn start_reading(&self) -> PyResult<()> {
+        unsafe { self.st().started = true };
+        self.start_read().map_err(uv_error)
+    }
+
+    fn pause_reading(&self) {
+        let st = unsafe { self.st() };
+        if st.closing || st.paused {
+            return;
+        }
+        st.paused = true;
+        self.stop_read();
+    }
+
+    fn resume_reading(&self) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        if st.closing || !st.paused {
+            return Ok(());
+        }
+        st.paused = false;
+        self.start_read().map_err(uv_error)
+    }
+
+    fn is_reading(&self) -> bool {
+        let st = unsafe { self.st() };
+        !st.paused && !st.closing
+    }
+
+    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (chunk, len) = to_chunk(py, data)?;
+        let st = unsafe { self.st() };
+        if st.eof {
+            return Err(PyRuntimeError::new_err("Cannot call write() after write_eof()"));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        if st.conn_lost > 0 || st.handle.is_none() {
+            if st.conn_lost >= LOG_THRESHOLD_FOR_CONNLOST_WRITES {
+                let logger = py.import("asyncio.log")?.getattr("logger")?;
+                logger.call_method1("warning", ("socket.send() raised exception.",))?;
+            }
+            st.conn_lost += 1;
+            return Ok(());
+        }
+        if !st.writing && st.queue.is_empty() {
+            let stream = self.stream_ptr().expect("open");
+            let bytes = chunk.remaining(py);
+            let buf = unsafe { sys::uv_buf_init(bytes.as_ptr() as *mut _, bytes.len() as u32) };
+            let n = unsafe { sys::uv_try_write(stream, &buf, 1) };
+            if n == len as i32 {
+                return Ok(());
+            }
+            if n < 0 && n != sys::uv_errno_t_UV_EAGAIN as i32 {
+                return self.fatal_error(py, uv_error(n), "Fatal write error on socket transport");
+            }
+            let mut chunk = chunk;
+            let done = n.max(0) as usize;
+            chunk.advance(done);
+            return self.enqueue(py, chunk, len - done);
+        }
+        self.enqueue(py, chunk, len)
+    }
+
+    fn writelines(&self, py: Python<'_>, list_of_data: &Bound<'_, PyAny>) -> PyResult<()> {
+        for item in list_of_data.try_iter()? {
+            self.write(py, &item?)?;
+        }
+        Ok(())
+    }
+
+    fn write_eof(&self) {
+        let st = unsafe { self.st() };
+        if st.closing || st.eof {
+            return;
+        }
+        st.eof = true;
+        self.maybe_shutdown();
+    }
+
+    fn can_write_eof(&self) -> bool {
+        true
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        if st.closing {
+            return Ok(());
+        }
+        st.closing = true;
+        self.stop_read();
+        let st = unsafe { self.st() };
+        if !st.writing && st.queue.is_empty() {
+            st.conn_lost += 1;
+            self.schedule_connection_lost(py, None)?;
+        }
+        Ok(())
+    }
+
+    fn abort(&self, py: Python<'_>) -> PyResult<()> {
+        self.force_close(py, None)
+    }
+
+    /// asyncio's `_force_close(exc)`.
+    fn _force_close(&self, py: Python<'_>, exc: Option<Py<PyAny>>) -> PyResult<()> {
+        self.force_close(py, exc)
+    }
+
+    fn is_closing(&self) -> bool {
+        unsafe { self.st().closing }
+    }
+
+    /// Frees the libuv handle and fd (after connection_lost ran).
+    fn _close_handle(&self) {
+        self.close_handle();
+    }
+
+    fn get_write_buffer_size(&self) -> usize {
+        self.buffer_size()
+    }
+
+    fn get_write_buffer_limits(&self) -> (usize, usize) {
+        let st = unsafe { self.st() };
+        (st.low_water, st.high_water)
+    }
+
+    #[pyo3(signature = (high=None, low=None))]
+    fn set_write_buffer_limits(&self, py: Python<'_>, high: Option<isize>, low: Option<isize>) -> PyResult<()> {
+        let high = match (high, low) {
+            (Some(h), _) => h,
+            (None, Some(l)) => 4 * l,
+            (None, None) => DEFAULT_HIGH_WATER as isize,
+        };
+        let low = low.unwrap_or(high / 4);
+        if !(high >= low && low >= 0) {
+            return Err(PyValueError::new_err(format!("high ({high}) must be >= low ({low}) must be >= 0")));
+        }
+        let st = unsafe { self.st() };
+        st.high_water = high as usize;
+        st.low_water = low as usize;
+        self.maybe_pause_protocol(py)
+    }
+
+    /// Sets the protocol; `buffered` when it is an asyncio.BufferedProtocol.
+    fn set_protocol(&self, protocol: Py<PyAny>, buffered: bool) {
+        let st = unsafe { self.st() };
+        let old = st.protocol.replace(protocol);
+        st.buffered = buffered;
+        drop(old);
+    }
+
+    fn get_protocol(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        unsafe { self.st().protocol.as_ref().map(|p| p.clone_ref(py)) }
+    }
+
+    /// Drops the protocol (after connection_lost), breaking the cycle
+    /// transport -> protocol -> transport.
+    fn _forget_protocol(&self) {
+        let old = unsafe { self.st().protocol.take() };
+        drop(old);
+    }
+
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        let st = unsafe { &*self.state.get() };
+        visit.call(&st.loop_obj)?;
+        visit.call(&st.wrapper)?;
+        visit.call(&st.protocol)?;
+        Ok(())
+    }
+}
+
