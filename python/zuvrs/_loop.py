@@ -59,6 +59,8 @@ class Loop(_zuvrs.LoopCore, NetworkMixin, asyncio.BaseEventLoop):
         self._wakeup_previous = None
         # fd -> open socket transport (for add_reader checks and loop close).
         self._transports = weakref.WeakValueDictionary()
+        # Listening Unix socket -> (path, inode), removed when the server closes.
+        self._unix_socket_files = {}
 
     # -- running ---------------------------------------------------------
 

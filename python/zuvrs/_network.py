@@ -8,8 +8,10 @@ servers, and transports over native stream cores.
 """
 
 import errno
+import os
 import socket
-from asyncio import constants, sslproto, trsock
+import stat
+from asyncio import base_events, constants, sslproto, tasks, trsock
 from asyncio.log import logger
 
 from ._transports import SocketTransport
@@ -27,6 +29,41 @@ def _check_socket(loop, sock):
         raise TypeError("Socket cannot be of type SSLSocket")
     if loop.get_debug() and sock.gettimeout() != 0:
         raise ValueError("the socket must be non-blocking")
+
+
+def _require_unix_stream(sock):
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        raise ValueError(f"A UNIX Domain Stream Socket was expected, got {sock!r}")
+
+
+def _remove_stale_socket(path):
+    """Remove a leftover socket file at `path` before binding to it."""
+    try:
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        # The directory may only allow creating the socket.
+        logger.error("Unable to check or remove stale UNIX socket %r: %r", path, err)
+
+
+def _ssl_timeouts(handshake, shutdown):
+    """Keyword arguments for BaseEventLoop's connection set-up (3.10 has no
+    ssl_shutdown_timeout)."""
+    kw = {"ssl_handshake_timeout": handshake}
+    if shutdown is not None:
+        kw["ssl_shutdown_timeout"] = shutdown
+    return kw
+
+
+def _server_timeouts(handshake, shutdown):
+    """Positional SSL timeouts for base_events.Server on this Python."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        return (handshake, shutdown)
+    return (handshake,)
 
 
 class NetworkMixin:
@@ -66,7 +103,15 @@ class NetworkMixin:
     def _stop_serving(self, sock):
         if not self.is_closed():
             self._clear_fd_handler(sock.fileno(), False)
+        socket_file = self._unix_socket_files.pop(sock, None)
         sock.close()
+        if socket_file is not None:
+            path, inode = socket_file
+            try:
+                if os.stat(path).st_ino == inode:
+                    os.unlink(path)
+            except OSError:
+                pass
 
     def _accept_connections(self, protocol_factory, sock, sslcontext, server, backlog, *timeouts):
         # Drain up to `backlog` pending connections per readiness event.
@@ -129,6 +174,95 @@ class NetworkMixin:
                 if transport is not None:
                     context["transport"] = transport
                 self.call_exception_handler(context)
+
+    # -- Unix sockets -----------------------------------------------------------
+
+    async def create_unix_connection(self, protocol_factory, path=None, *, ssl=None, sock=None,
+                                     server_hostname=None, ssl_handshake_timeout=None,
+                                     ssl_shutdown_timeout=None):
+        """Connect to a Unix domain stream socket at `path` (or use `sock`)."""
+        if ssl:
+            if server_hostname is None:
+                raise ValueError("you have to pass server_hostname when using ssl")
+        else:
+            if server_hostname is not None:
+                raise ValueError("server_hostname is only meaningful with ssl")
+            if ssl_handshake_timeout is not None:
+                raise ValueError("ssl_handshake_timeout is only meaningful with ssl")
+            if ssl_shutdown_timeout is not None:
+                raise ValueError("ssl_shutdown_timeout is only meaningful with ssl")
+        if path is not None:
+            if sock is not None:
+                raise ValueError("path and sock can not be specified at the same time")
+            path = os.fspath(path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0)
+            try:
+                sock.setblocking(False)
+                await self.sock_connect(sock, path)
+            except BaseException:
+                sock.close()
+                raise
+        else:
+            if sock is None:
+                raise ValueError("no path and sock were specified")
+            _require_unix_stream(sock)
+            sock.setblocking(False)
+        return await self._create_connection_transport(
+            sock, protocol_factory, ssl, server_hostname, **_ssl_timeouts(ssl_handshake_timeout, ssl_shutdown_timeout)
+        )
+
+    async def create_unix_server(self, protocol_factory, path=None, *, sock=None, backlog=100, ssl=None,
+                                 ssl_handshake_timeout=None, ssl_shutdown_timeout=None,
+                                 start_serving=True, cleanup_socket=True):
+        """Serve on a Unix domain stream socket at `path` (or on `sock`).
+
+        With `cleanup_socket` (the default, as from Python 3.13) the socket
+        file is removed when the server closes, if it is still ours.
+        """
+        if isinstance(ssl, bool):
+            raise TypeError("ssl argument must be an SSLContext or None")
+        if ssl_handshake_timeout is not None and not ssl:
+            raise ValueError("ssl_handshake_timeout is only meaningful with ssl")
+        if ssl_shutdown_timeout is not None and not ssl:
+            raise ValueError("ssl_shutdown_timeout is only meaningful with ssl")
+        if path is not None:
+            if sock is not None:
+                raise ValueError("path and sock can not be specified at the same time")
+            path = os.fspath(path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            if path[0] not in (0, "\x00"):
+                _remove_stale_socket(path)
+            try:
+                sock.bind(path)
+            except OSError as exc:
+                sock.close()
+                if exc.errno == errno.EADDRINUSE:
+                    raise OSError(errno.EADDRINUSE, f"Address {path!r} is already in use") from None
+                raise
+            except BaseException:
+                sock.close()
+                raise
+        else:
+            if sock is None:
+                raise ValueError("path was not specified, and no sock specified")
+            _require_unix_stream(sock)
+        if cleanup_socket:
+            name = sock.getsockname()
+            if isinstance(name, (str, bytes)) and name and name[0] not in (0, "\x00"):
+                try:
+                    self._unix_socket_files[sock] = (name, os.stat(name).st_ino)
+                except OSError:
+                    pass
+        sock.setblocking(False)
+        server = base_events.Server(
+            self, [sock], protocol_factory, ssl, backlog,
+            *_server_timeouts(ssl_handshake_timeout, ssl_shutdown_timeout),
+        )
+        if start_serving:
+            server._start_serving()
+            # One turn, so the listening socket is watched before we return.
+            await tasks.sleep(0)
+        return server
 
     # -- sock_* coroutines --------------------------------------------------
 

@@ -70,7 +70,7 @@ class SocketTransport(asyncio.Transport):
         self._sock_fd = sock.fileno()
         self._server = server
         self._protocol_connected = False
-        core = _zuvrs.StreamCore.open_tcp(loop, self._sock_fd, self)
+        core = _zuvrs.StreamCore.open(loop, self._sock_fd, self, sock.family == socket.AF_UNIX)
         self._core = core
         for name in _NATIVE_METHODS:
             setattr(self, name, getattr(core, name))

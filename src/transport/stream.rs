@@ -1,5 +1,5 @@
-//! Stream transports over `uv_tcp_t` (TCP now; Unix sockets and pipes share
-//! this code later).
+//! Stream transports over `uv_tcp_t` (TCP) and `uv_pipe_t` (Unix sockets;
+//! pipes later).
 //!
 //! Reads land in the loop's scratch buffer and become one exactly-sized
 //! `bytes` per read, passed to `protocol.data_received` (or copied into a
@@ -35,10 +35,18 @@ const LOG_THRESHOLD_FOR_CONNLOST_WRITES: u32 = 5;
 /// Size of the loop's read scratch buffer.
 const READ_BUF_SIZE: usize = 256 * 1024;
 
+/// The libuv stream behind a transport: TCP, or a pipe for Unix sockets.
+#[repr(C)]
+union StreamHandle {
+    tcp: std::mem::ManuallyDrop<sys::uv_tcp_t>,
+    pipe: std::mem::ManuallyDrop<sys::uv_pipe_t>,
+}
+
 #[repr(C)]
 struct StreamBox {
-    /// Must stay the first field (see `HandleBox`).
-    tcp: sys::uv_tcp_t,
+    /// Must stay the first field (see `HandleBox`); both variants start
+    /// with `uv_stream_t`.
+    handle: StreamHandle,
     loop_state: *mut LoopState,
     /// The core, kept alive until libuv is done with the handle.
     keep_alive: Option<Py<StreamCore>>,
@@ -508,10 +516,11 @@ fn to_chunk(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<(Chunk, usize)>
 
 #[pymethods]
 impl StreamCore {
-    /// Wraps a connected TCP socket's fd (libuv takes the fd over) for the
-    /// Python transport `wrapper`.
+    /// Wraps a connected stream socket's fd (libuv takes the fd over) for
+    /// the Python transport `wrapper`: TCP, or a Unix socket when `unix`.
     #[staticmethod]
-    fn open_tcp(py: Python<'_>, loop_obj: &Bound<'_, PyAny>, fd: i32, wrapper: Py<PyAny>) -> PyResult<Py<StreamCore>> {
+    #[pyo3(signature = (loop_obj, fd, wrapper, unix=false))]
+    fn open(py: Python<'_>, loop_obj: &Bound<'_, PyAny>, fd: i32, wrapper: Py<PyAny>, unix: bool) -> PyResult<Py<StreamCore>> {
         let core_loop = loop_obj.cast::<LoopCore>()?.get();
         let loop_state = core_loop.state_ptr();
         let uv_loop = unsafe { (*loop_state).uv_loop() }.ok_or_else(|| PyRuntimeError::new_err("Event loop is closed"))?;
@@ -543,25 +552,35 @@ impl StreamCore {
         )?;
         let me = core.get() as *const StreamCore;
         let h = UvHandle::new(StreamBox {
-            // SAFETY: initialised by uv_tcp_init below.
-            tcp: unsafe { MaybeUninit::zeroed().assume_init() },
+            // SAFETY: initialised by uv_tcp_init / uv_pipe_init below.
+            handle: unsafe { MaybeUninit::zeroed().assume_init() },
             loop_state,
             keep_alive: None,
         });
-        // SAFETY: fresh allocation on an open loop.
-        let rc = unsafe { sys::uv_tcp_init(uv_loop, &mut (*h.raw()).tcp) };
-        if rc < 0 {
-            h.free_uninit();
-            return Err(uv_error(rc));
-        }
-        h.set_data(me as *mut StreamCore);
-        let rc = unsafe { sys::uv_tcp_open(&mut (*h.raw()).tcp, fd) };
-        if rc < 0 {
-            h.close_with(on_closed);
-            return Err(uv_error(rc));
-        }
+        // SAFETY: fresh allocation on an open loop; on failure after init
+        // the handle is closed, never freed directly.
         unsafe {
-            (*h.raw()).keep_alive = Some(core.clone_ref(py));
+            let raw = h.raw();
+            let rc = if unix {
+                sys::uv_pipe_init(uv_loop, &mut *(*raw).handle.pipe, 0)
+            } else {
+                sys::uv_tcp_init(uv_loop, &mut *(*raw).handle.tcp)
+            };
+            if rc < 0 {
+                h.free_uninit();
+                return Err(uv_error(rc));
+            }
+            h.set_data(me as *mut StreamCore);
+            let rc = if unix {
+                sys::uv_pipe_open(&mut *(*raw).handle.pipe, fd)
+            } else {
+                sys::uv_tcp_open(&mut *(*raw).handle.tcp, fd)
+            };
+            if rc < 0 {
+                h.close_with(on_closed);
+                return Err(uv_error(rc));
+            }
+            (*raw).keep_alive = Some(core.clone_ref(py));
             (*core.get().state.get()).handle = Some(h);
             (*loop_state).streams.insert(me);
         }
