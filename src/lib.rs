@@ -1,6 +1,7 @@
 //! zuvrs: a libuv-backed asyncio event loop.
 
 mod context;
+mod dns;
 mod errors;
 mod eventloop;
 mod handles;
@@ -18,6 +19,7 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<transport::stream::StreamCore>()?;
     eventloop::install_fast_methods(m.py())?;
     m.add_function(wrap_pyfunction!(libuv_version, m)?)?;
+    m.add_function(wrap_pyfunction!(dns::numeric_addrinfo, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("BUILD_PROFILE", if cfg!(debug_assertions) { "debug" } else { "release" })?;
     Ok(())

@@ -205,3 +205,222 @@ def last_json_line(text):
     lines = [ln for ln in text.splitlines() if ln.strip()]
     assert lines, "child printed nothing"
     return json.loads(lines[-1])
+
+
+# -- networking ----------------------------------------------------------------
+
+NOT_IMPLEMENTED = "zuvrs: not implemented yet"
+
+
+def xfail_unimplemented(request, loop_name, reason=NOT_IMPLEMENTED):
+    """Mark the running test xfail (non-strict) for the zuvrs param only.
+
+    For features zuvrs does not have yet: the asyncio run must still pass,
+    and the zuvrs run starts passing (XPASS) once the feature lands.
+    """
+    if loop_name == "zuvrs":
+        import pytest
+
+        request.applymarker(pytest.mark.xfail(strict=False, reason=reason))
+
+
+def ipv6_loopback_works():
+    """True if a TCP socket can be bound to ::1."""
+    import socket
+
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def unused_tcp_port(host="127.0.0.1"):
+    """A port nothing listens on (bound then released; connecting is refused)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def payload(size, seed=0):
+    """``size`` reproducible pseudo-random bytes."""
+    import random
+
+    return random.Random(seed).randbytes(size)
+
+
+async def wait_until(predicate, timeout=TIMEOUT, interval=0.001):
+    """Poll ``predicate()`` on the running loop until true; fail after timeout."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+        await asyncio.sleep(interval)
+
+
+class RecordingProtocol(asyncio.Protocol):
+    """A protocol recording what its transport does to it.
+
+    Keeps the received bytes (unless ``keep_data=False``: then only their
+    count and SHA-256), the order of callbacks in ``events`` (runs of
+    data_received collapsed to one "data"), futures for connection_made,
+    eof_received and connection_lost, and write flow-control calls.
+    ``echo=True`` writes everything received back; ``eof_result`` is what
+    eof_received() returns; ``pause_on_connect`` pauses reading in
+    connection_made().
+    """
+
+    def __init__(self, *, keep_data=True, echo=False, eof_result=None, pause_on_connect=False):
+        import hashlib
+
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.transport = None
+        self.keep_data = keep_data
+        self.echo = echo
+        self.eof_result = eof_result
+        self.pause_on_connect = pause_on_connect
+        self.events = []
+        self.data = bytearray()
+        self.nbytes = 0
+        self.sha = hashlib.sha256()
+        self.data_types = set()
+        self.made = loop.create_future()
+        self.eof = loop.create_future()
+        self.lost = loop.create_future()
+        self.pause_writing_calls = 0
+        self.resume_writing_calls = 0
+        self.writing_paused = False
+        self.buffer_size_at_pause = None
+        self._changed = None
+
+    # -- waiting ------------------------------------------------------------
+
+    def _notify(self):
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)
+
+    async def until(self, predicate, timeout=TIMEOUT, what=None):
+        """Wait until ``predicate()`` holds (re-checked on every callback)."""
+        deadline = self.loop.time() + timeout
+        while not predicate():
+            remaining = deadline - self.loop.time()
+            if remaining <= 0:
+                raise AssertionError(
+                    f"timed out waiting for {what or predicate} "
+                    f"(received {self.nbytes} bytes, events {self.events})"
+                )
+            self._changed = self.loop.create_future()
+            try:
+                await asyncio.wait_for(self._changed, remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def received(self, n, timeout=TIMEOUT):
+        """Wait for at least ``n`` bytes in total; fail early if the
+        connection is lost first."""
+        await self.until(lambda: self.nbytes >= n or self.lost.done(), timeout, f"{n} bytes")
+        assert self.nbytes >= n, f"connection lost after {self.nbytes}/{n} bytes (events {self.events})"
+
+    # -- protocol ------------------------------------------------------------
+
+    def _event(self, name):
+        if not (name == "data" and self.events and self.events[-1] == "data"):
+            self.events.append(name)
+        self._notify()
+
+    def connection_made(self, transport):
+        self.transport = transport
+        if self.pause_on_connect:
+            transport.pause_reading()
+        self.made.set_result(transport)
+        self._event("made")
+
+    def data_received(self, data):
+        self.data_types.add(type(data))
+        self.nbytes += len(data)
+        self.sha.update(data)
+        if self.keep_data:
+            self.data += data
+        if self.echo:
+            self.transport.write(data)
+        self._event("data")
+
+    def eof_received(self):
+        self.eof.set_result(None)
+        self._event("eof")
+        return self.eof_result
+
+    def pause_writing(self):
+        self.pause_writing_calls += 1
+        self.writing_paused = True
+        self.buffer_size_at_pause = self.transport.get_write_buffer_size()
+        self._event("pause_writing")
+
+    def resume_writing(self):
+        self.resume_writing_calls += 1
+        self.writing_paused = False
+        self._event("resume_writing")
+
+    def connection_lost(self, exc):
+        if not self.lost.done():
+            self.lost.set_result(exc)
+        self._event("lost")
+
+
+class TcpPair:
+    """A server and one connection to it, both ends with protocols.
+
+    Use ``pair = await TcpPair.open(...)`` inside the loop; ``client`` and
+    ``server`` are the protocols (``.transport`` on each), ``srv`` the
+    asyncio.Server. ``await pair.aclose()`` closes everything.
+    """
+
+    def __init__(self):
+        self.srv = None
+        self.client = None
+        self.server = None
+        self.accepted = []
+
+    @classmethod
+    async def open(cls, server_factory=RecordingProtocol, client_factory=RecordingProtocol, *,
+                   host="127.0.0.1", server_kwargs=None, client_kwargs=None, timeout=TIMEOUT):
+        loop = asyncio.get_running_loop()
+        self = cls()
+
+        def factory():
+            proto = server_factory()
+            self.accepted.append(proto)
+            return proto
+
+        self.srv = await loop.create_server(factory, host, 0, **(server_kwargs or {}))
+        port = self.srv.sockets[0].getsockname()[1]
+        _, self.client = await asyncio.wait_for(
+            loop.create_connection(client_factory, host, port, **(client_kwargs or {})), timeout
+        )
+        await wait_until(lambda: self.accepted, timeout)
+        self.server = self.accepted[0]
+        await asyncio.wait_for(asyncio.shield(self.server.made), timeout)
+        return self
+
+    @property
+    def port(self):
+        return self.srv.sockets[0].getsockname()[1]
+
+    async def aclose(self):
+        for proto in (self.client, *self.accepted):
+            if proto is not None and proto.transport is not None:
+                proto.transport.abort()
+        if self.srv is not None:
+            self.srv.close()
+            await asyncio.wait_for(self.srv.wait_closed(), TIMEOUT)
+        # Let connection_lost callbacks run.
+        for _ in range(3):
+            await asyncio.sleep(0)

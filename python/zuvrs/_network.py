@@ -14,6 +14,7 @@ import stat
 from asyncio import base_events, constants, sslproto, tasks, trsock
 from asyncio.log import logger
 
+from . import _zuvrs
 from ._transports import SocketTransport
 
 __all__ = ("NetworkMixin",)
@@ -29,6 +30,29 @@ def _check_socket(loop, sock):
         raise TypeError("Socket cannot be of type SSLSocket")
     if loop.get_debug() and sock.gettimeout() != 0:
         raise ValueError("the socket must be non-blocking")
+
+
+def _encode_host(host):
+    """The host as socket.getaddrinfo passes it to the resolver."""
+    if host is None:
+        return None
+    if isinstance(host, str):
+        return host.encode("idna")
+    if isinstance(host, (bytes, bytearray)):
+        return bytes(host)
+    raise TypeError("getaddrinfo() argument 1 must be string or None")
+
+
+def _encode_port(port):
+    if port is None:
+        return None
+    if isinstance(port, int):
+        return str(port).encode()
+    if isinstance(port, str):
+        return port.encode()
+    if isinstance(port, bytes):
+        return port
+    raise OSError("Int or String expected")
 
 
 def _require_unix_stream(sock):
@@ -174,6 +198,18 @@ class NetworkMixin:
                 if transport is not None:
                     context["transport"] = transport
                 self.call_exception_handler(context)
+
+    # -- name resolution ------------------------------------------------------
+
+    async def getaddrinfo(self, host, port, *, family=0, type=0, proto=0, flags=0):
+        """socket.getaddrinfo() without blocking the loop: address literals
+        are answered at once, names are resolved on libuv's thread pool."""
+        infos = _zuvrs.numeric_addrinfo(host, port, family, type, proto, flags)
+        if infos is not None:
+            return infos
+        fut = self.create_future()
+        self._resolve(fut, _encode_host(host), _encode_port(port), family, type, proto, flags)
+        return await fut
 
     # -- Unix sockets -----------------------------------------------------------
 

@@ -634,6 +634,22 @@ impl LoopCore {
         }
     }
 
+    /// Resolves a host name on libuv's thread pool into `future` (see dns.rs).
+    #[pyo3(signature = (future, host, port, family, r#type, proto, flags))]
+    #[allow(clippy::too_many_arguments)]
+    fn _resolve(
+        &self,
+        future: Py<PyAny>,
+        host: Option<&[u8]>,
+        port: Option<&[u8]>,
+        family: i32,
+        r#type: i32,
+        proto: i32,
+        flags: i32,
+    ) -> PyResult<()> {
+        crate::dns::resolve(self, future, host, port, (family, r#type, proto, flags))
+    }
+
     /// Counts of (ready callbacks, scheduled timers), for tests.
     fn _queue_sizes(&self) -> (usize, usize) {
         let st = unsafe { self.st() };
