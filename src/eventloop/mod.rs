@@ -84,6 +84,8 @@ pub(crate) struct LoopState {
     pub(crate) read_buf: Vec<u8>,
     /// Open stream transports, closed with the loop (their fds included).
     pub(crate) streams: HashSet<*const StreamCore>,
+    /// Transports written to during this turn, flushed before the next poll.
+    pub(crate) flush_list: Vec<Py<StreamCore>>,
 }
 
 impl LoopState {
@@ -340,6 +342,7 @@ impl LoopCore {
             pending_error: None,
             read_buf: Vec::new(),
             streams: HashSet::new(),
+            flush_list: Vec::new(),
         }));
         let sp = state.get();
         // SAFETY: each handle is initialised on the fresh loop; their data
@@ -430,6 +433,7 @@ impl LoopCore {
     /// Runs turns until `stop()`. Python's `run_forever` does the set-up
     /// around it (running-loop registration, async generator hooks).
     fn _run_loop(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
         let this = slf.get();
         let any = slf.as_any();
         {
@@ -438,6 +442,9 @@ impl LoopCore {
         }
         let mut last_poll = 0.0;
         let result = loop {
+            if let Err(e) = crate::transport::stream::flush_all(py, this.state_ptr()) {
+                break Err(e);
+            }
             let st = unsafe { this.st() };
             let Some(parts) = st.uv.as_ref() else { break Err(closed_error()) };
             let raw = parts.uv.raw();
@@ -490,6 +497,7 @@ impl LoopCore {
         let mut handlers = Vec::new();
         // Streams close their libuv handles (and fds) with the loop.
         let streams: Vec<*const StreamCore> = st.streams.drain().collect();
+        let unflushed = std::mem::take(&mut st.flush_list);
         for s in streams {
             unsafe { (*s).close_handle() };
         }
@@ -509,6 +517,7 @@ impl LoopCore {
             h.get().cancel_now();
             release_handle(h);
         }
+        drop(unflushed);
         self.release_callbacks();
     }
 

@@ -3,10 +3,12 @@
 //!
 //! Reads land in the loop's scratch buffer and become one exactly-sized
 //! `bytes` per read, passed to `protocol.data_received` (or copied into a
-//! BufferedProtocol's buffer). Writes go out at once with `uv_try_write` when
-//! nothing is queued; the rest is queued, `bytes` by reference (never
-//! copied), other buffers copied, and written by one vectored `uv_write` at a
-//! time. Flow control calls `pause_writing` / `resume_writing` at the water
+//! BufferedProtocol's buffer). Writes are batched per loop turn: `write()`
+//! only queues (`bytes` by reference, never copied; other buffers copied) and
+//! links the transport into the loop's flush list; before the loop next polls,
+//! `flush_all` tries one vectored `uv_try_write` per transport, and what the
+//! socket does not take goes to one vectored `uv_write` at a time. So a
+//! response written as header + body costs one system call, like one write. Flow control calls `pause_writing` / `resume_writing` at the water
 //! marks, as asyncio's selector transports do.
 //!
 //! Life of the handle: `open_tcp` allocates it and keeps a strong reference
@@ -112,6 +114,8 @@ struct StreamState {
     queued_bytes: usize,
     in_flight_bytes: usize,
     writing: bool,
+    /// Registered in the loop's flush list (queued data not yet tried).
+    flush_pending: bool,
     high_water: usize,
     low_water: usize,
     protocol_paused: bool,
@@ -246,13 +250,82 @@ impl StreamCore {
         Ok(())
     }
 
-    /// Queues `chunk` and makes sure a write is in flight.
+    /// Queues `chunk`; unless a write is in flight (its completion sends the
+    /// queue), the transport joins the loop's flush list for this turn.
     fn enqueue(&self, py: Python<'_>, chunk: Chunk, len: usize) -> PyResult<()> {
         let st = unsafe { self.st() };
         st.queue.push_back(chunk);
         st.queued_bytes += len;
-        self.submit(py)?;
+        if !st.writing && !st.flush_pending {
+            st.flush_pending = true;
+            let me = unsafe { Bound::from_borrowed_ptr(py, self.py_ptr()) }.cast_into::<StreamCore>()?.unbind();
+            self.loop_state().flush_list.push(me);
+        }
         self.maybe_pause_protocol(py)
+    }
+
+    /// The Python object of this core.
+    fn py_ptr(&self) -> *mut pyo3::ffi::PyObject {
+        // The keep-alive reference in the handle box is this very object.
+        let st = unsafe { self.st() };
+        let h = st.handle.as_ref().expect("open stream");
+        unsafe { (*h.raw()).keep_alive.as_ref().expect("kept alive").as_ptr() }
+    }
+
+    /// End of turn: one vectored try-write of everything queued; the rest
+    /// goes to `uv_write`.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        st.flush_pending = false;
+        if st.writing || st.queue.is_empty() {
+            return Ok(());
+        }
+        let Some(stream) = self.stream_ptr() else { return Ok(()) };
+        let bufs: SmallVec<[sys::uv_buf_t; 8]> = st
+            .queue
+            .iter()
+            .map(|c| {
+                let b = c.remaining(py);
+                unsafe { sys::uv_buf_init(b.as_ptr() as *mut _, b.len() as u32) }
+            })
+            .collect();
+        let n = unsafe { sys::uv_try_write(stream, bufs.as_ptr(), bufs.len() as u32) };
+        if n < 0 && n != sys::uv_errno_t_UV_EAGAIN as i32 {
+            let dropped: Vec<Chunk> = st.queue.drain(..).collect();
+            st.queued_bytes = 0;
+            drop(dropped);
+            return self.fatal_error(py, uv_error(n), "Fatal write error on socket transport");
+        }
+        let mut done = n.max(0) as usize;
+        st.queued_bytes -= done;
+        while done > 0 {
+            let front = st.queue.front_mut().expect("bytes written come from the queue");
+            let len = front.remaining(py).len();
+            if done >= len {
+                done -= len;
+                st.queue.pop_front();
+            } else {
+                front.advance(done);
+                done = 0;
+            }
+        }
+        self.submit(py)?;
+        self.maybe_resume_protocol(py)?;
+        self.after_drain(py)
+    }
+
+    /// Once nothing is left to write: finish a pending close, or send EOF.
+    fn after_drain(&self, py: Python<'_>) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        if st.writing || !st.queue.is_empty() {
+            return Ok(());
+        }
+        if st.closing && st.conn_lost == 0 {
+            st.conn_lost += 1;
+            return self.schedule_connection_lost(py, None);
+        }
+        self.maybe_shutdown();
+        Ok(())
     }
 
     /// Starts one vectored `uv_write` of everything queued, unless one is
@@ -412,16 +485,26 @@ impl StreamCore {
         }
         self.submit(py)?;
         self.maybe_resume_protocol(py)?;
-        let st = unsafe { self.st() };
-        if !st.writing && st.queue.is_empty() {
-            if st.closing && st.conn_lost == 0 {
-                st.conn_lost += 1;
-                self.schedule_connection_lost(py, None)?;
-            } else {
-                self.maybe_shutdown();
+        self.after_drain(py)
+    }
+}
+
+/// Flushes every transport written to during this turn (called by the loop
+/// before it polls).
+pub(crate) fn flush_all(py: Python<'_>, loop_state: *mut LoopState) -> PyResult<()> {
+    loop {
+        let batch = std::mem::take(unsafe { &mut (*loop_state).flush_list });
+        if batch.is_empty() {
+            return Ok(());
+        }
+        for core in batch {
+            if let Err(err) = core.get().flush(py) {
+                if is_fatal_base(py, &err) {
+                    return Err(err);
+                }
+                err.write_unraisable(py, None);
             }
         }
-        Ok(())
     }
 }
 
@@ -544,6 +627,7 @@ impl StreamCore {
                     queued_bytes: 0,
                     in_flight_bytes: 0,
                     writing: false,
+                    flush_pending: false,
                     high_water: DEFAULT_HIGH_WATER,
                     low_water: DEFAULT_HIGH_WATER / 4,
                     protocol_paused: false,
@@ -632,22 +716,6 @@ impl StreamCore {
             }
             st.conn_lost += 1;
             return Ok(());
-        }
-        if !st.writing && st.queue.is_empty() {
-            let stream = self.stream_ptr().expect("open");
-            let bytes = chunk.remaining(py);
-            let buf = unsafe { sys::uv_buf_init(bytes.as_ptr() as *mut _, bytes.len() as u32) };
-            let n = unsafe { sys::uv_try_write(stream, &buf, 1) };
-            if n == len as i32 {
-                return Ok(());
-            }
-            if n < 0 && n != sys::uv_errno_t_UV_EAGAIN as i32 {
-                return self.fatal_error(py, uv_error(n), "Fatal write error on socket transport");
-            }
-            let mut chunk = chunk;
-            let done = n.max(0) as usize;
-            chunk.advance(done);
-            return self.enqueue(py, chunk, len - done);
         }
         self.enqueue(py, chunk, len)
     }
