@@ -424,3 +424,11 @@ class TcpPair:
         # Let connection_lost callbacks run.
         for _ in range(3):
             await asyncio.sleep(0)
+
+
+def numbered_chunks(block, count):
+    """``count`` chunks like ``block``, each starting with its 8-byte index
+    (so lost, repeated or reordered chunks change any checksum)."""
+    tail = block[8:]
+    for i in range(count):
+        yield i.to_bytes(8, "big") + tail

@@ -8,10 +8,11 @@ servers, and transports over native stream cores.
 """
 
 import errno
+import io
 import os
 import socket
 import stat
-from asyncio import base_events, constants, sslproto, tasks, trsock
+from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock
 from asyncio.log import logger
 
 from . import _zuvrs
@@ -30,6 +31,11 @@ def _check_socket(loop, sock):
         raise TypeError("Socket cannot be of type SSLSocket")
     if loop.get_debug() and sock.gettimeout() != 0:
         raise ValueError("the socket must be non-blocking")
+
+
+def _ready():
+    """An attempt that succeeds as soon as the fd is ready."""
+    return None
 
 
 def _encode_host(host):
@@ -198,6 +204,63 @@ class NetworkMixin:
                 if transport is not None:
                     context["transport"] = transport
                 self.call_exception_handler(context)
+
+    # -- sendfile ----------------------------------------------------------------
+
+    async def _sock_sendfile_native(self, sock, file, offset, count):
+        """Zero-copy sock_sendfile with os.sendfile; SendfileNotAvailableError
+        (so asyncio falls back to reading and sending) when it cannot apply."""
+        try:
+            fileno = file.fileno()
+        except (AttributeError, io.UnsupportedOperation):
+            raise exceptions.SendfileNotAvailableError("not a regular file") from None
+        try:
+            fsize = os.fstat(fileno).st_size
+        except OSError:
+            raise exceptions.SendfileNotAvailableError("not a regular file") from None
+        if not (count or fsize):
+            return 0
+        fd = sock.fileno()
+        sent = 0
+        try:
+            while not count or sent < count:
+                chunk = count - sent if count else fsize
+                try:
+                    n = os.sendfile(fd, fileno, offset + sent, chunk)
+                except (BlockingIOError, InterruptedError):
+                    await self._wait_fd(fd, True, _ready)
+                    continue
+                except OSError as exc:
+                    if exc.errno == errno.ENOTCONN and type(exc) is not ConnectionError:
+                        exc = ConnectionError("socket is not connected", errno.ENOTCONN)
+                    if sent == 0:
+                        raise exceptions.SendfileNotAvailableError("os.sendfile call failed") from exc
+                    raise exc
+                if n == 0:
+                    break
+                sent += n
+        finally:
+            if sent > 0:
+                # As asyncio does: the file position follows what was sent.
+                os.lseek(fileno, offset + sent, os.SEEK_SET)
+        return sent
+
+    async def _sendfile_native(self, transp, file, offset, count):
+        """loop.sendfile() on a zuvrs socket transport: wait until its
+        buffer is empty, then sendfile straight into the socket."""
+        if not isinstance(transp, SocketTransport) or transp._sock is None:
+            raise exceptions.SendfileNotAvailableError("not a socket transport")
+        fd = transp._sock_fd
+        resume_reading = transp.is_reading()
+        transp.pause_reading()
+        await transp._wait_drained()
+        del self._transports[fd]
+        try:
+            return await self.sock_sendfile(transp._sock, file, offset, count, fallback=False)
+        finally:
+            self._transports[fd] = transp
+            if resume_reading:
+                transp.resume_reading()
 
     # -- name resolution ------------------------------------------------------
 

@@ -10,7 +10,7 @@ connection_lost, error reports, server bookkeeping) is here.
 import asyncio
 import socket
 import sys
-from asyncio import futures, protocols, trsock
+from asyncio import constants, futures, protocols, transports, trsock
 from asyncio.log import logger
 
 from . import _zuvrs
@@ -49,11 +49,18 @@ def _set_nodelay(sock):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-class SocketTransport(asyncio.Transport):
-    """A TCP (stream socket) transport; libuv owns the socket's fd."""
+class SocketTransport(transports._FlowControlMixin):
+    """A TCP or Unix stream socket transport; libuv owns the socket's fd.
+
+    It derives from asyncio's flow-control transport base (an
+    asyncio.Transport) because asyncio's sendfile fallback insists on it; the
+    flow control itself is the native core's.
+    """
+
+    _sendfile_compatible = constants._SendfileMode.TRY_NATIVE
 
     def __init__(self, loop, sock, protocol, waiter=None, extra=None, server=None):
-        super().__init__(extra)
+        asyncio.BaseTransport.__init__(self, extra)
         self._extra["socket"] = trsock.TransportSocket(sock)
         try:
             self._extra["sockname"] = sock.getsockname()
@@ -86,6 +93,16 @@ class SocketTransport(asyncio.Transport):
         loop.call_soon(core.start_reading)
         if waiter is not None:
             loop.call_soon(futures._set_result_unless_cancelled, waiter, None)
+
+    @property
+    def _protocol_paused(self):
+        return self._core._protocol_paused()
+
+    def _wait_drained(self):
+        """A future resolved once everything written has been sent."""
+        fut = self._loop.create_future()
+        self._core._wait_drained(fut)
+        return fut
 
     def __repr__(self):
         info = [type(self).__name__]

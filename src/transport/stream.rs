@@ -110,12 +110,15 @@ struct StreamState {
     closing: bool,
     conn_lost: u32,
     eof: bool,
+    shutdown_sent: bool,
     queue: VecDeque<Chunk>,
     queued_bytes: usize,
     in_flight_bytes: usize,
     writing: bool,
     /// Registered in the loop's flush list (queued data not yet tried).
     flush_pending: bool,
+    /// Future resolved once everything written has gone out (sendfile).
+    drain_waiter: Option<Py<PyAny>>,
     high_water: usize,
     low_water: usize,
     protocol_paused: bool,
@@ -314,12 +317,20 @@ impl StreamCore {
         self.after_drain(py)
     }
 
-    /// Once nothing is left to write: finish a pending close, or send EOF.
+    /// Once nothing is left to write: wake a drain waiter, finish a pending
+    /// close, or send EOF.
     fn after_drain(&self, py: Python<'_>) -> PyResult<()> {
         let st = unsafe { self.st() };
         if st.writing || !st.queue.is_empty() {
             return Ok(());
         }
+        if let Some(waiter) = st.drain_waiter.take() {
+            let waiter = waiter.bind(py);
+            if !waiter.call_method0(pyo3::intern!(py, "done"))?.is_truthy()? {
+                waiter.call_method1(pyo3::intern!(py, "set_result"), (py.None(),))?;
+            }
+        }
+        let st = unsafe { self.st() };
         if st.closing && st.conn_lost == 0 {
             st.conn_lost += 1;
             return self.schedule_connection_lost(py, None);
@@ -372,10 +383,11 @@ impl StreamCore {
     /// Sends EOF (shutdown of the write side) once nothing is left to write.
     fn maybe_shutdown(&self) {
         let st = unsafe { self.st() };
-        if !st.eof || st.writing || !st.queue.is_empty() {
+        if !st.eof || st.shutdown_sent || st.writing || !st.queue.is_empty() {
             return;
         }
         let Some(stream) = self.stream_ptr() else { return };
+        st.shutdown_sent = true;
         let req = Box::into_raw(Box::new(unsafe { MaybeUninit::<sys::uv_shutdown_t>::zeroed().assume_init() }));
         let rc = unsafe { sys::uv_shutdown(req, stream, Some(on_shutdown)) };
         if rc < 0 {
@@ -394,8 +406,16 @@ impl StreamCore {
         st.queued_bytes = 0;
         st.closing = true;
         st.conn_lost += 1;
+        let waiter = st.drain_waiter.take();
         self.stop_read();
         drop(dropped);
+        if let Some(waiter) = waiter {
+            let waiter = waiter.bind(py);
+            if !waiter.call_method0(pyo3::intern!(py, "done"))?.is_truthy()? {
+                let exc = pyo3::exceptions::PyConnectionError::new_err("Connection is closed by peer");
+                waiter.call_method1(pyo3::intern!(py, "set_exception"), (exc.into_value(py),))?;
+            }
+        }
         // An in-flight write is cancelled by closing the handle.
         self.schedule_connection_lost(py, exc)
     }
@@ -623,11 +643,13 @@ impl StreamCore {
                     closing: false,
                     conn_lost: 0,
                     eof: false,
+                    shutdown_sent: false,
                     queue: VecDeque::new(),
                     queued_bytes: 0,
                     in_flight_bytes: 0,
                     writing: false,
                     flush_pending: false,
+                    drain_waiter: None,
                     high_water: DEFAULT_HIGH_WATER,
                     low_water: DEFAULT_HIGH_WATER / 4,
                     protocol_paused: false,
@@ -773,6 +795,21 @@ impl StreamCore {
         self.close_handle();
     }
 
+    /// Resolves `future` once the write buffer is empty (now, if it is).
+    fn _wait_drained(&self, py: Python<'_>, future: Py<PyAny>) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        if st.drain_waiter.is_some() {
+            return Err(PyRuntimeError::new_err("Empty waiter is already set"));
+        }
+        st.drain_waiter = Some(future);
+        self.after_drain(py)
+    }
+
+    /// Whether the protocol was told to pause writing.
+    fn _protocol_paused(&self) -> bool {
+        unsafe { self.st().protocol_paused }
+    }
+
     fn get_write_buffer_size(&self) -> usize {
         self.buffer_size()
     }
@@ -823,6 +860,7 @@ impl StreamCore {
         visit.call(&st.loop_obj)?;
         visit.call(&st.wrapper)?;
         visit.call(&st.protocol)?;
+        visit.call(&st.drain_waiter)?;
         Ok(())
     }
 }
