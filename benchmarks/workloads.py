@@ -55,6 +55,11 @@ class LoopUnavailable(Exception):
     """The loop's package is not installed (or fails to import)."""
 
 
+class Unsupported(Exception):
+    """The loop does not implement what the workload needs (e.g. rloop has
+    no Unix sockets); reported as "unsupported", not as a crash."""
+
+
 def get_loop_factory(name: str) -> LoopFactory:
     """Return the ``new_event_loop`` callable of loop ``name``.
 
@@ -126,8 +131,9 @@ class _Run:
             self.elapsed = time.perf_counter() - self.t0
 
     def result(self, name: str, ops: int, parity: Dict[str, Any],
-               expected: Dict[str, Any]) -> Dict[str, Any]:
-        return {
+               expected: Dict[str, Any],
+               info: Dict[str, Any] | None = None) -> Dict[str, Any]:
+        res = {
             "workload": name,
             "ops": ops,
             "parity": parity,
@@ -138,6 +144,11 @@ class _Run:
             "loop_errors": self.loop_errors[:5],
             "loop_error_count": len(self.loop_errors),
         }
+        if info is not None:
+            # what may legitimately differ between loops (socket options,
+            # how reads were split, ...): reported, not part of parity
+            res["info"] = info
+        return res
 
 
 #: see _guard_seconds; tests lower it to fail fast

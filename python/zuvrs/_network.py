@@ -16,6 +16,7 @@ from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock
 from asyncio.log import logger
 
 from . import _zuvrs
+from ._server import NATIVE_CLIENT_TRACKING, apply_keep_alive, upgrade_server
 from ._transports import SocketTransport
 
 __all__ = ("NetworkMixin",)
@@ -123,6 +124,22 @@ class NetworkMixin:
             raise RuntimeError(f"File descriptor {fd!r} is used by transport {transport!r}")
 
     # -- servers ------------------------------------------------------------
+
+    async def create_server(self, protocol_factory, host=None, port=None, *, keep_alive=None,
+                            start_serving=True, **kwargs):
+        """asyncio's create_server; `keep_alive` and Server.close_clients() /
+        abort_clients() on every Python (asyncio has them from 3.13)."""
+        if NATIVE_CLIENT_TRACKING:
+            return await super().create_server(
+                protocol_factory, host, port, keep_alive=keep_alive, start_serving=start_serving, **kwargs
+            )
+        server = await super().create_server(protocol_factory, host, port, start_serving=False, **kwargs)
+        upgrade_server(server)
+        if keep_alive:
+            apply_keep_alive(server)
+        if start_serving:
+            await server.start_serving()
+        return server
 
     def _start_serving(self, protocol_factory, sock, sslcontext=None, server=None, backlog=100, *timeouts):
         self._set_fd_handler(
@@ -357,6 +374,7 @@ class NetworkMixin:
             self, [sock], protocol_factory, ssl, backlog,
             *_server_timeouts(ssl_handshake_timeout, ssl_shutdown_timeout),
         )
+        upgrade_server(server)
         if start_serving:
             server._start_serving()
             # One turn, so the listening socket is watched before we return.

@@ -9,11 +9,11 @@ connection_lost, error reports, server bookkeeping) is here.
 
 import asyncio
 import socket
-import sys
 from asyncio import constants, futures, protocols, transports, trsock
 from asyncio.log import logger
 
 from . import _zuvrs
+from ._server import NATIVE_CLIENT_TRACKING, Server
 
 __all__ = ("SocketTransport",)
 
@@ -35,8 +35,20 @@ _NATIVE_METHODS = (
     "get_protocol",
 )
 
-# Server._attach/_detach take the transport from 3.13 on (close_clients).
-_SERVER_TRACKS_TRANSPORTS = sys.version_info >= (3, 13)
+def _attach_to(server, transport):
+    # asyncio's Server takes the transport from 3.13 on; zuvrs's own Server
+    # subclass (older Pythons) accepts it too; a plain older Server does not.
+    if NATIVE_CLIENT_TRACKING or isinstance(server, Server):
+        server._attach(transport)
+    else:
+        server._attach()
+
+
+def _detach_from(server, transport):
+    if NATIVE_CLIENT_TRACKING or isinstance(server, Server):
+        server._detach(transport)
+    else:
+        server._detach()
 
 
 def _set_nodelay(sock):
@@ -58,6 +70,7 @@ class SocketTransport(transports._FlowControlMixin):
     """
 
     _sendfile_compatible = constants._SendfileMode.TRY_NATIVE
+    _start_tls_compatible = True
 
     def __init__(self, loop, sock, protocol, waiter=None, extra=None, server=None):
         asyncio.BaseTransport.__init__(self, extra)
@@ -83,10 +96,7 @@ class SocketTransport(transports._FlowControlMixin):
             setattr(self, name, getattr(core, name))
         self.set_protocol(protocol)
         if server is not None:
-            if _SERVER_TRACKS_TRANSPORTS:
-                server._attach(self)
-            else:
-                server._attach()
+            _attach_to(server, self)
         loop._transports[self._sock_fd] = self
         loop.call_soon(protocol.connection_made, self)
         # Reading starts only once connection_made() has run.
@@ -158,7 +168,4 @@ class SocketTransport(transports._FlowControlMixin):
             del self._loop._transports[self._sock_fd]
         server, self._server = self._server, None
         if server is not None:
-            if _SERVER_TRACKS_TRANSPORTS:
-                server._detach(self)
-            else:
-                server._detach()
+            _detach_from(server, self)
