@@ -16,6 +16,7 @@ from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock
 from asyncio.log import logger
 
 from . import _zuvrs
+from ._datagram import DatagramTransport
 from ._server import NATIVE_CLIENT_TRACKING, apply_keep_alive, upgrade_server
 from ._transports import SocketTransport
 
@@ -103,6 +104,9 @@ class NetworkMixin:
     def _make_socket_transport(self, sock, protocol, waiter=None, *, extra=None, server=None):
         self._ensure_fd_no_transport(sock)
         return SocketTransport(self, sock, protocol, waiter, extra, server)
+
+    def _make_datagram_transport(self, sock, protocol, address=None, waiter=None, extra=None):
+        return DatagramTransport(self, sock, protocol, address, waiter, extra)
 
     def _make_ssl_transport(self, rawsock, protocol, sslcontext, waiter=None, *, server_side=False,
                             server_hostname=None, extra=None, server=None, **timeouts):

@@ -742,9 +742,14 @@ impl StreamCore {
         self.enqueue(py, chunk, len)
     }
 
+    /// Writes every item, or nothing if one of them is not bytes-like.
     fn writelines(&self, py: Python<'_>, list_of_data: &Bound<'_, PyAny>) -> PyResult<()> {
-        for item in list_of_data.try_iter()? {
-            self.write(py, &item?)?;
+        let items: Vec<Bound<'_, PyAny>> = list_of_data.try_iter()?.collect::<PyResult<_>>()?;
+        for item in &items {
+            to_chunk(py, item)?;
+        }
+        for item in &items {
+            self.write(py, item)?;
         }
         Ok(())
     }

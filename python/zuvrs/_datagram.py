@@ -1,0 +1,221 @@
+"""Datagram transports (UDP and Unix datagram sockets).
+
+The socket stays a Python socket object; the loop's native fd watcher tells
+when it is readable or writable. This is correct for every socket family
+asyncio supports; a native per-datagram path is a later optimisation.
+"""
+
+import asyncio
+import collections
+import sys
+from asyncio import constants, futures, transports, trsock
+from asyncio.log import logger
+
+__all__ = ("DatagramTransport",)
+
+# 3.13 changed sendto(): empty datagrams are sent, and each buffered
+# datagram counts 8 more bytes (its header) towards the buffer size.
+_SENDS_EMPTY = sys.version_info >= (3, 13)
+_HEADER_SIZE = 8 if _SENDS_EMPTY else 0
+
+
+class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport):
+    max_size = 256 * 1024  # largest datagram read at once
+
+    def __init__(self, loop, sock, protocol, address=None, waiter=None, extra=None):
+        super().__init__(extra, loop)
+        self._extra["socket"] = trsock.TransportSocket(sock)
+        try:
+            self._extra["sockname"] = sock.getsockname()
+        except OSError:
+            self._extra["sockname"] = None
+        if "peername" not in self._extra:
+            try:
+                self._extra["peername"] = sock.getpeername()
+            except OSError:
+                self._extra["peername"] = None
+        self._sock = sock
+        self._sock_fd = sock.fileno()
+        self._protocol = protocol
+        self._address = address
+        self._buffer = collections.deque()
+        self._buffer_size = 0
+        self._closing = False
+        self._conn_lost = 0
+        self._writer_registered = False
+        loop._transports[self._sock_fd] = self
+        loop.call_soon(protocol.connection_made, self)
+        loop.call_soon(self._start_reading)
+        if waiter is not None:
+            loop.call_soon(futures._set_result_unless_cancelled, waiter, None)
+
+    def __repr__(self):
+        state = "closed" if self._sock is None else ("closing" if self._closing else "open")
+        return f"<{type(self).__name__} fd={self._sock_fd} {state}>"
+
+    # -- protocol ---------------------------------------------------------
+
+    def set_protocol(self, protocol):
+        self._protocol = protocol
+
+    def get_protocol(self):
+        return self._protocol
+
+    def is_closing(self):
+        return self._closing
+
+    def get_write_buffer_size(self):
+        return self._buffer_size
+
+    # -- reading --------------------------------------------------------------
+
+    def _start_reading(self):
+        if not self._closing and self._sock is not None:
+            self._loop._set_fd_handler(self._sock_fd, False, self._read_ready, ())
+
+    def _read_ready(self):
+        if self._conn_lost:
+            return
+        try:
+            data, addr = self._sock.recvfrom(self.max_size)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._protocol.error_received(exc)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal read error on datagram transport")
+        else:
+            self._protocol.datagram_received(data, addr)
+
+    # -- writing ----------------------------------------------------------------
+
+    def sendto(self, data, addr=None):
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data argument must be a bytes-like object, not {type(data).__name__!r}")
+        if not data and not _SENDS_EMPTY:
+            return
+        if self._address:
+            if addr not in (None, self._address):
+                raise ValueError(f"Invalid address: must be None or {self._address}")
+            addr = self._address
+        if self._conn_lost and self._address:
+            if self._conn_lost >= constants.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
+                logger.warning("socket.send() raised exception.")
+            self._conn_lost += 1
+            return
+        if not self._buffer:
+            try:
+                self._send(data, addr)
+                return
+            except (BlockingIOError, InterruptedError):
+                self._watch_writable()
+            except OSError as exc:
+                self._protocol.error_received(exc)
+                return
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._fatal_error(exc, "Fatal write error on datagram transport")
+                return
+        # Buffer an immutable copy.
+        self._buffer.append((bytes(data), addr))
+        self._buffer_size += len(data) + _HEADER_SIZE
+        self._maybe_pause_protocol()
+
+    def _send(self, data, addr):
+        if self._extra["peername"]:
+            self._sock.send(data)
+        else:
+            self._sock.sendto(data, addr)
+
+    def _watch_writable(self):
+        if not self._writer_registered:
+            self._writer_registered = True
+            self._loop._set_fd_handler(self._sock_fd, True, self._sendto_ready, ())
+
+    def _unwatch_writable(self):
+        if self._writer_registered:
+            self._writer_registered = False
+            if not self._loop.is_closed():
+                self._loop._clear_fd_handler(self._sock_fd, True)
+
+    def _sendto_ready(self):
+        while self._buffer:
+            data, addr = self._buffer.popleft()
+            self._buffer_size -= len(data) + _HEADER_SIZE
+            try:
+                self._send(data, addr)
+            except (BlockingIOError, InterruptedError):
+                self._buffer.appendleft((data, addr))
+                self._buffer_size += len(data) + _HEADER_SIZE
+                break
+            except OSError as exc:
+                self._protocol.error_received(exc)
+                return
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._fatal_error(exc, "Fatal write error on datagram transport")
+                return
+        self._maybe_resume_protocol()
+        if not self._buffer:
+            self._unwatch_writable()
+            if self._closing:
+                self._call_connection_lost(None)
+
+    # -- closing ----------------------------------------------------------------
+
+    def close(self):
+        if self._closing:
+            return
+        self._closing = True
+        if not self._loop.is_closed():
+            self._loop._clear_fd_handler(self._sock_fd, False)
+        if not self._buffer:
+            self._conn_lost += 1
+            self._unwatch_writable()
+            self._loop.call_soon(self._call_connection_lost, None)
+
+    def abort(self):
+        self._force_close(None)
+
+    def _fatal_error(self, exc, message="Fatal error on transport"):
+        if isinstance(exc, OSError):
+            if self._loop.get_debug():
+                logger.debug("%r: %s", self, message, exc_info=True)
+        else:
+            self._loop.call_exception_handler(
+                {"message": message, "exception": exc, "transport": self, "protocol": self._protocol}
+            )
+        self._force_close(exc)
+
+    def _force_close(self, exc):
+        if self._conn_lost:
+            return
+        if self._buffer:
+            self._buffer.clear()
+            self._buffer_size = 0
+            self._unwatch_writable()
+        if not self._closing:
+            self._closing = True
+            if not self._loop.is_closed():
+                self._loop._clear_fd_handler(self._sock_fd, False)
+        self._conn_lost += 1
+        self._loop.call_soon(self._call_connection_lost, exc)
+
+    def _call_connection_lost(self, exc):
+        try:
+            self._protocol.connection_lost(exc)
+        finally:
+            self._release()
+
+    def _release(self):
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        if self._loop._transports.get(self._sock_fd) is self:
+            del self._loop._transports[self._sock_fd]
+        sock.close()
+        self._protocol = None
