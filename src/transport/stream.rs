@@ -259,6 +259,13 @@ impl StreamCore {
         let st = unsafe { self.st() };
         st.queue.push_back(chunk);
         st.queued_bytes += len;
+        if !st.writing && st.queued_bytes > st.high_water {
+            // Too much to hold until the end of the turn: try the socket now,
+            // so flow control reflects what the kernel could not take (as in
+            // asyncio, where every write tries the socket at once).
+            self.flush(py)?;
+            return self.maybe_pause_protocol(py);
+        }
         if !st.writing && !st.flush_pending {
             st.flush_pending = true;
             let me = unsafe { Bound::from_borrowed_ptr(py, self.py_ptr()) }.cast_into::<StreamCore>()?.unbind();
@@ -404,6 +411,9 @@ impl StreamCore {
         }
         let dropped: Vec<Chunk> = st.queue.drain(..).collect();
         st.queued_bytes = 0;
+        // A write still in flight is cancelled when the handle closes; it no
+        // longer counts as buffered.
+        st.in_flight_bytes = 0;
         st.closing = true;
         st.conn_lost += 1;
         let waiter = st.drain_waiter.take();
@@ -459,22 +469,24 @@ impl StreamCore {
         };
         let data = &self.loop_state().read_buf[..n];
         let res = if buffered {
-            deliver_buffered(py, &protocol, data)
+            deliver_buffered(py, &protocol, data).map_err(|(stage, err)| {
+                let msg = match stage {
+                    BufferedStage::GetBuffer => "Fatal error: protocol.get_buffer() call failed.",
+                    BufferedStage::BufferUpdated => "Fatal error: protocol.buffer_updated() call failed.",
+                };
+                (msg, err)
+            })
         } else {
             let bytes = PyBytes::new(py, data);
-            protocol.call_method1(py, pyo3::intern!(py, "data_received"), (bytes,)).map(drop)
+            protocol
+                .call_method1(py, pyo3::intern!(py, "data_received"), (bytes,))
+                .map(drop)
+                .map_err(|err| ("Fatal error: protocol.data_received() call failed.", err))
         };
         match res {
             Ok(()) => Ok(()),
-            Err(err) if is_fatal_base(py, &err) => Err(err),
-            Err(err) => {
-                let msg = if buffered {
-                    "Fatal error: protocol.buffer_updated() call failed."
-                } else {
-                    "Fatal error: protocol.data_received() call failed."
-                };
-                self.fatal_error(py, err, msg)
-            }
+            Err((_, err)) if is_fatal_base(py, &err) => Err(err),
+            Err((msg, err)) => self.fatal_error(py, err, msg),
         }
     }
 
@@ -496,7 +508,7 @@ impl StreamCore {
     fn on_write_done(&self, py: Python<'_>, bytes: usize, status: i32) -> PyResult<()> {
         let st = unsafe { self.st() };
         st.writing = false;
-        st.in_flight_bytes -= bytes;
+        st.in_flight_bytes = st.in_flight_bytes.saturating_sub(bytes);
         if status == sys::uv_errno_t_UV_ECANCELED as i32 || st.handle.is_none() {
             return Ok(());
         }
@@ -528,21 +540,37 @@ pub(crate) fn flush_all(py: Python<'_>, loop_state: *mut LoopState) -> PyResult<
     }
 }
 
+/// Which BufferedProtocol call failed, for asyncio's error messages.
+enum BufferedStage {
+    GetBuffer,
+    BufferUpdated,
+}
+
 /// Copies `data` into a BufferedProtocol's buffers (get_buffer / buffer_updated).
-fn deliver_buffered(py: Python<'_>, protocol: &Py<PyAny>, mut data: &[u8]) -> PyResult<()> {
+fn deliver_buffered(py: Python<'_>, protocol: &Py<PyAny>, mut data: &[u8]) -> Result<(), (BufferedStage, PyErr)> {
+    use BufferedStage::*;
     while !data.is_empty() {
-        let buf = protocol.call_method1(py, pyo3::intern!(py, "get_buffer"), (data.len() as isize,))?;
-        let view = PyMemoryView::from(buf.bind(py))?;
-        let pybuf = pyo3::buffer::PyBuffer::<u8>::get(view.as_any())?;
-        if pybuf.readonly() || pybuf.item_count() == 0 {
-            return Err(PyRuntimeError::new_err("get_buffer() returned an empty or read-only buffer"));
-        }
+        let get = || -> PyResult<pyo3::buffer::PyBuffer<u8>> {
+            let buf = protocol.call_method1(py, pyo3::intern!(py, "get_buffer"), (-1,))?;
+            let view = PyMemoryView::from(buf.bind(py))?;
+            let pybuf = pyo3::buffer::PyBuffer::<u8>::get(view.as_any())?;
+            if pybuf.item_count() == 0 {
+                return Err(PyRuntimeError::new_err("get_buffer() returned an empty buffer"));
+            }
+            if pybuf.readonly() {
+                return Err(PyTypeError::new_err("get_buffer() returned a read-only buffer"));
+            }
+            Ok(pybuf)
+        };
+        let pybuf = get().map_err(|e| (GetBuffer, e))?;
         let n = pybuf.item_count().min(data.len());
         // SAFETY: the buffer is writable, contiguous (checked by PyBuffer for
         // u8) and at least n bytes long; we hold the GIL.
         unsafe { ptr::copy_nonoverlapping(data.as_ptr(), pybuf.buf_ptr() as *mut u8, n) };
         drop(pybuf);
-        protocol.call_method1(py, pyo3::intern!(py, "buffer_updated"), (n,))?;
+        protocol
+            .call_method1(py, pyo3::intern!(py, "buffer_updated"), (n,))
+            .map_err(|e| (BufferUpdated, e))?;
         data = &data[n..];
     }
     Ok(())
@@ -744,6 +772,9 @@ impl StreamCore {
 
     /// Writes every item, or nothing if one of them is not bytes-like.
     fn writelines(&self, py: Python<'_>, list_of_data: &Bound<'_, PyAny>) -> PyResult<()> {
+        if unsafe { self.st().eof } {
+            return Err(PyRuntimeError::new_err("Cannot call write() after write_eof()"));
+        }
         let items: Vec<Bound<'_, PyAny>> = list_of_data.try_iter()?.collect::<PyResult<_>>()?;
         for item in &items {
             to_chunk(py, item)?;
