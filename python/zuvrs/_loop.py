@@ -22,6 +22,7 @@ import weakref
 
 from . import _zuvrs
 from ._network import NetworkMixin
+from ._process import ChildReaper
 
 __all__ = ("Loop",)
 
@@ -61,6 +62,7 @@ class Loop(_zuvrs.LoopCore, NetworkMixin, asyncio.BaseEventLoop):
         self._transports = weakref.WeakValueDictionary()
         # Listening Unix socket -> (path, inode), removed when the server closes.
         self._unix_socket_files = {}
+        self._child_reaper = ChildReaper(self)
 
     # -- running ---------------------------------------------------------
 
@@ -103,6 +105,7 @@ class Loop(_zuvrs.LoopCore, NetworkMixin, asyncio.BaseEventLoop):
             for sig in list(self._signal_handlers):
                 self.remove_signal_handler(sig)
         asyncio.BaseEventLoop.close(self)
+        self._child_reaper.close()
         # Transports still open lose their fd with the loop (libuv closes it).
         for transport in list(self._transports.values()):
             transport._release()

@@ -17,6 +17,8 @@ from asyncio.log import logger
 
 from . import _zuvrs
 from ._datagram import DatagramTransport
+from ._pipes import ReadPipeTransport, WritePipeTransport
+from ._process import SubprocessTransport
 from ._server import NATIVE_CLIENT_TRACKING, apply_keep_alive, upgrade_server
 from ._transports import SocketTransport
 
@@ -107,6 +109,29 @@ class NetworkMixin:
 
     def _make_datagram_transport(self, sock, protocol, address=None, waiter=None, extra=None):
         return DatagramTransport(self, sock, protocol, address, waiter, extra)
+
+    def _make_read_pipe_transport(self, pipe, protocol, waiter=None, extra=None):
+        return ReadPipeTransport(self, pipe, protocol, waiter, extra)
+
+    def _make_write_pipe_transport(self, pipe, protocol, waiter=None, extra=None):
+        return WritePipeTransport(self, pipe, protocol, waiter, extra)
+
+    async def _make_subprocess_transport(self, protocol, args, shell, stdin, stdout, stderr, bufsize,
+                                         extra=None, **kwargs):
+        waiter = self.create_future()
+        transport = SubprocessTransport(
+            self, protocol, args, shell, stdin, stdout, stderr, bufsize, waiter=waiter, extra=extra, **kwargs
+        )
+        self._child_reaper.watch(transport.get_pid(), transport._process_exited)
+        try:
+            await waiter
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException:
+            transport.close()
+            await transport._wait()
+            raise
+        return transport
 
     def _make_ssl_transport(self, rawsock, protocol, sslcontext, waiter=None, *, server_side=False,
                             server_hostname=None, extra=None, server=None, **timeouts):
