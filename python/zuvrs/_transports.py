@@ -33,6 +33,7 @@ _NATIVE_METHODS = (
     "get_write_buffer_limits",
     "set_write_buffer_limits",
     "get_protocol",
+    "_force_close",
 )
 
 def _attach_to(server, transport):
