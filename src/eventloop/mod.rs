@@ -99,6 +99,11 @@ impl LoopState {
         }
     }
 
+    /// True while run_forever runs this loop.
+    pub(crate) fn is_running(&self) -> bool {
+        self.thread_id.is_some()
+    }
+
     /// The libuv loop, while open.
     pub(crate) fn uv_loop(&self) -> Option<*mut sys::uv_loop_t> {
         self.uv.as_ref().map(|p| p.uv.raw())
@@ -486,7 +491,9 @@ impl LoopCore {
         if let Some(parts) = unsafe { this.st().uv.as_ref() } {
             unsafe { sys::uv_prepare_stop(parts.prepare.raw()) };
         }
-        result
+        // What the last turn wrote goes out before run_forever returns.
+        let flushed = crate::transport::stream::flush_all(py, this.state_ptr());
+        result.and(flushed)
     }
 
     /// Frees the libuv loop and drops every queued callback. Python's

@@ -259,10 +259,11 @@ impl StreamCore {
         let st = unsafe { self.st() };
         st.queue.push_back(chunk);
         st.queued_bytes += len;
-        if !st.writing && st.queued_bytes > st.high_water {
-            // Too much to hold until the end of the turn: try the socket now,
-            // so flow control reflects what the kernel could not take (as in
-            // asyncio, where every write tries the socket at once).
+        if !st.writing && (st.queued_bytes > st.high_water || !self.loop_state().is_running()) {
+            // Too much to hold until the end of the turn, or no turn coming
+            // (the loop is not running): try the socket now, so flow control
+            // reflects what the kernel could not take, as in asyncio where
+            // every write tries the socket at once.
             self.flush(py)?;
             return self.maybe_pause_protocol(py);
         }
@@ -813,7 +814,13 @@ impl StreamCore {
         Ok(())
     }
 
+    /// Drops what the kernel will not take at once (data written this turn
+    /// is offered to it first, as asyncio's write() would have) and closes.
     fn abort(&self, py: Python<'_>) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        if st.conn_lost == 0 && !st.writing && !st.queue.is_empty() {
+            self.flush(py)?;
+        }
         self.force_close(py, None)
     }
 
