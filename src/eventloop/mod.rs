@@ -86,6 +86,8 @@ pub(crate) struct LoopState {
     pub(crate) streams: HashSet<*const StreamCore>,
     /// Transports written to during this turn, flushed before the next poll.
     pub(crate) flush_list: Vec<Py<StreamCore>>,
+    /// Set by libuv callbacks that saw I/O during the current poll.
+    pub(crate) io_seen: bool,
 }
 
 impl LoopState {
@@ -348,6 +350,7 @@ impl LoopCore {
             read_buf: Vec::new(),
             streams: HashSet::new(),
             flush_list: Vec::new(),
+            io_seen: false,
         }));
         let sp = state.get();
         // SAFETY: each handle is initialised on the fresh loop; their data
@@ -446,6 +449,7 @@ impl LoopCore {
             unsafe { sys::uv_prepare_start(parts.prepare.raw(), Some(on_prepare)) };
         }
         let mut last_poll = 0.0;
+        let mut last_poll_had_io = false;
         let result = loop {
             if let Err(e) = crate::transport::stream::flush_all(py, this.state_ptr()) {
                 break Err(e);
@@ -454,11 +458,13 @@ impl LoopCore {
             let Some(parts) = st.uv.as_ref() else { break Err(closed_error()) };
             let raw = parts.uv.raw();
             let busy = !st.ready.is_empty() || st.stopping;
-            // While callbacks keep the queue busy, a non-blocking poll finds
-            // nothing most of the time; checking for I/O every BUSY_POLL_INTERVAL
-            // keeps I/O latency negligible at a fraction of the cost.
+            // While callbacks keep the queue busy and the last poll found no
+            // I/O, a non-blocking poll finds nothing most of the time: polling
+            // every BUSY_POLL_INTERVAL then keeps I/O latency negligible at a
+            // fraction of the cost. A loop that is moving I/O polls every turn.
             let now = if busy { monotonic() } else { 0.0 };
-            if !busy || st.stopping || now - last_poll >= BUSY_POLL_INTERVAL {
+            if !busy || st.stopping || last_poll_had_io || now - last_poll >= BUSY_POLL_INTERVAL {
+                st.io_seen = false;
                 let mode = if busy {
                     sys::uv_run_mode_UV_RUN_NOWAIT
                 } else {
@@ -476,6 +482,7 @@ impl LoopCore {
                     this.st().gil.reacquire();
                 }
                 last_poll = if busy { now } else { monotonic() };
+                last_poll_had_io = unsafe { this.st().io_seen };
                 if let Some(err) = unsafe { this.st().pending_error.take() } {
                     break Err(err);
                 }

@@ -125,6 +125,7 @@ unsafe extern "C" fn on_poll(handle: *mut sys::uv_poll_t, status: i32, events: i
         let w = &mut *((*handle).data as *mut FdWatcher);
         let st = &mut *w.state;
         st.gil.reacquire();
+        st.io_seen = true;
         let py = Python::assume_attached();
         // An error (e.g. the descriptor was closed under us) wakes both sides
         // so their callbacks see it, as a selector reports it.

@@ -593,7 +593,9 @@ unsafe extern "C" fn on_alloc(handle: *mut sys::uv_handle_t, _suggested: usize, 
 unsafe extern "C" fn on_read(stream: *mut sys::uv_stream_t, nread: isize, _buf: *const sys::uv_buf_t) {
     unsafe {
         let core = &*((*stream).data as *const StreamCore);
-        core.loop_state().gil.reacquire();
+        let ls = core.loop_state();
+        ls.gil.reacquire();
+        ls.io_seen = true;
         let py = Python::assume_attached();
         core.on_read(py, nread);
     }
@@ -603,7 +605,9 @@ unsafe extern "C" fn on_write(req: *mut sys::uv_write_t, status: i32) {
     unsafe {
         let req = Box::from_raw(req as *mut WriteReq);
         let core = &*(req.req.data as *const StreamCore);
-        core.loop_state().gil.reacquire();
+        let ls = core.loop_state();
+        ls.gil.reacquire();
+        ls.io_seen = true;
         let py = Python::assume_attached();
         let bytes = req.bytes;
         drop(req);
