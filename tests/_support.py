@@ -298,7 +298,9 @@ class RecordingProtocol(asyncio.Protocol):
         self.pause_writing_calls = 0
         self.resume_writing_calls = 0
         self.writing_paused = False
-        self.buffer_size_at_pause = None
+        # get_write_buffer_size() at each pause_writing / resume_writing call.
+        self.sizes_at_pause = []
+        self.sizes_at_resume = []
         self._changed = None
 
     # -- waiting ------------------------------------------------------------
@@ -361,12 +363,13 @@ class RecordingProtocol(asyncio.Protocol):
     def pause_writing(self):
         self.pause_writing_calls += 1
         self.writing_paused = True
-        self.buffer_size_at_pause = self.transport.get_write_buffer_size()
+        self.sizes_at_pause.append(self.transport.get_write_buffer_size())
         self._event("pause_writing")
 
     def resume_writing(self):
         self.resume_writing_calls += 1
         self.writing_paused = False
+        self.sizes_at_resume.append(self.transport.get_write_buffer_size())
         self._event("resume_writing")
 
     def connection_lost(self, exc):
@@ -385,6 +388,7 @@ class TcpPair:
 
     def __init__(self):
         self.srv = None
+        self.port = None
         self.client = None
         self.server = None
         self.accepted = []
@@ -401,22 +405,19 @@ class TcpPair:
             return proto
 
         self.srv = await loop.create_server(factory, host, 0, **(server_kwargs or {}))
-        port = self.srv.sockets[0].getsockname()[1]
+        self.port = self.srv.sockets[0].getsockname()[1]
         _, self.client = await asyncio.wait_for(
-            loop.create_connection(client_factory, host, port, **(client_kwargs or {})), timeout
+            loop.create_connection(client_factory, host, self.port, **(client_kwargs or {})), timeout
         )
         await wait_until(lambda: self.accepted, timeout)
         self.server = self.accepted[0]
         await asyncio.wait_for(asyncio.shield(self.server.made), timeout)
         return self
 
-    @property
-    def port(self):
-        return self.srv.sockets[0].getsockname()[1]
-
     async def aclose(self):
         for proto in (self.client, *self.accepted):
-            if proto is not None and proto.transport is not None:
+            lost = getattr(proto, "lost", None)
+            if proto is not None and proto.transport is not None and not (lost and lost.done()):
                 proto.transport.abort()
         if self.srv is not None:
             self.srv.close()

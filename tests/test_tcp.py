@@ -15,6 +15,7 @@ import logging
 import socket
 import struct
 import sys
+import warnings
 import zlib
 from asyncio import trsock
 
@@ -50,16 +51,35 @@ def sha256(*parts):
 
 
 async def fill_until_buffered(transport, chunks, minimum):
-    """Write ``chunks`` (an iterator) until at least ``minimum`` bytes sit in
-    the transport's buffer (the peer must not be reading). Returns what was
-    written, as one bytes object."""
+    """Write ``chunks`` (an iterator) until at least ``minimum`` bytes stay in
+    the transport's buffer across loop iterations, i.e. the kernel buffers
+    are full too (the peer must not be reading). Returns what was written,
+    as one bytes object."""
     written = []
-    while transport.get_write_buffer_size() < minimum:
-        chunk = next(chunks)
-        transport.write(chunk)
-        written.append(chunk)
-        assert sum(map(len, written)) < 512 * MiB, "write buffer never filled"
-    return b"".join(written)
+    total = 0
+    while True:
+        while transport.get_write_buffer_size() < minimum:
+            chunk = next(chunks)
+            transport.write(chunk)
+            written.append(chunk)
+            total += len(chunk)
+            assert total < 512 * MiB, "write buffer never filled"
+        # Let the loop push what it can into the kernel.
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if transport.get_write_buffer_size() >= minimum:
+            return b"".join(written)
+
+
+def flow_events(events):
+    """The pause_writing/resume_writing calls among ``events``."""
+    return [e for e in events if e in ("pause_writing", "resume_writing")]
+
+
+def assert_alternating(flow):
+    """pause_writing and resume_writing alternate, starting with a pause."""
+    assert flow[::2] == ["pause_writing"] * len(flow[::2]), flow
+    assert flow[1::2] == ["resume_writing"] * len(flow[1::2]), flow
 
 
 def rst_close(sock):
@@ -333,13 +353,85 @@ def test_write_accepts_bytes_like(loop):
             t.writelines([b"e", bytearray(b"f"), memoryview(b"g")])
             t.writelines(x for x in (b"h", b"i"))
             t.writelines([])
-            await pair.server.received(10)
+            await pair.server.received(9)
             await asyncio.sleep(0.02)
-            assert bytes(pair.server.data) == b"abcdefghi"[:3] + b"d" + b"efghi"
+            assert bytes(pair.server.data) == b"abcdefghi"
         finally:
             await pair.aclose()
 
     run(loop, main())
+
+
+def test_write_any_memoryview_format(loop):
+    """A memoryview of any format is written as its raw bytes."""
+    ints = array.array("i", [1, 2, 3])
+    doubles = array.array("d", [0.5, -2.0])
+
+    async def main():
+        pair = await TcpPair.open()
+        try:
+            t = pair.client.transport
+            t.write(memoryview(ints))
+            t.writelines([memoryview(doubles), b"!"])
+            n = len(ints.tobytes()) + len(doubles.tobytes()) + 1
+            await pair.server.received(n)
+            return bytes(pair.server.data)
+        finally:
+            await pair.aclose()
+
+    assert run(loop, main()) == ints.tobytes() + doubles.tobytes() + b"!"
+
+
+def test_write_copies_mutable_buffers(loop):
+    """Changing a bytearray (or what a memoryview shows) after write() does
+    not change what is sent."""
+
+    async def main():
+        pair = await TcpPair.open(lambda: RecordingProtocol(pause_on_connect=True))
+        try:
+            t = pair.client.transport
+            ba = bytearray(b"original")
+            t.write(ba)
+            ba[:] = b"MUTATED!"
+            backing = bytearray(b"viewdata")
+            t.write(memoryview(backing))
+            backing[:] = b"CHANGED!"
+            # Also when the data has to wait in the transport's buffer.
+            await fill_until_buffered(t, numbered_chunks(payload(256 * KiB), 10**6), 2 * MiB)
+            late = bytearray(b"late")
+            t.write(late)
+            late[:] = b"LATE"
+            before = pair.server.nbytes
+            pair.server.transport.resume_reading()
+            t.close()
+            await asyncio.wait_for(pair.server.lost, 10)
+            data = bytes(pair.server.data)
+            return before, data
+        finally:
+            await pair.aclose()
+
+    _, data = run(loop, main(), 20)
+    assert data.startswith(b"originalviewdata")
+    assert data.endswith(b"late")
+
+
+def test_many_small_writes_in_one_turn(loop):
+    """100,000 tiny writes without yielding arrive complete and in order."""
+    records = [b"%09d\n" % i for i in range(100_000)]
+
+    async def main():
+        pair = await TcpPair.open(lambda: RecordingProtocol(keep_data=False))
+        try:
+            t = pair.client.transport
+            for r in records[:50_000]:
+                t.write(r)
+            t.writelines(records[50_000:])
+            await pair.server.received(10 * len(records), timeout=10)
+            return pair.server.nbytes, pair.server.sha.hexdigest()
+        finally:
+            await pair.aclose()
+
+    assert run(loop, main(), 20) == (10 * len(records), sha256(*records))
 
 
 def test_write_rejects_non_bytes(loop):
@@ -405,7 +497,6 @@ def test_writes_after_close_are_dropped(loop, caplog):
             for _ in range(10):
                 t.write(b"after")
             await asyncio.wait_for(pair.client.lost, TIMEOUT)
-            t.writelines([b"after", b"lost"])
             t.write(b"after lost")
             await asyncio.wait_for(pair.server.lost, TIMEOUT)
             assert bytes(pair.server.data) == b"before"
@@ -416,7 +507,8 @@ def test_writes_after_close_are_dropped(loop, caplog):
     with caplog.at_level(logging.WARNING, logger="asyncio"):
         run(loop, main())
     warnings = [r for r in caplog.records if r.getMessage() == "socket.send() raised exception."]
-    assert len(warnings) == 8
+    # connection-lost writes number 5 to 11 warn
+    assert len(warnings) == 7
 
 
 def test_set_protocol_switches_delivery(loop):
@@ -438,6 +530,31 @@ def test_set_protocol_switches_delivery(loop):
             await asyncio.wait_for(other.lost, TIMEOUT)
             assert other.events == ["data", "eof", "lost"]
             assert not pair.client.lost.done()
+        finally:
+            await pair.aclose()
+
+    run(loop, main())
+
+
+def test_set_protocol_between_plain_and_buffered(loop):
+    async def main():
+        pair = await TcpPair.open()
+        try:
+            t, st = pair.client.transport, pair.server.transport
+            st.write(b"plain")
+            await pair.client.received(5)
+            buffered = RecordingBufferedProtocol()
+            t.set_protocol(buffered)
+            st.write(b"buffered")
+            await wait_until(lambda: len(buffered.received) >= 8)
+            assert bytes(buffered.received) == b"buffered"
+            plain = RecordingProtocol()
+            t.set_protocol(plain)
+            st.write(b"plain again")
+            await plain.received(11)
+            assert bytes(plain.data) == b"plain again"
+            assert bytes(pair.client.data) == b"plain"
+            assert bytes(buffered.received) == b"buffered"
         finally:
             await pair.aclose()
 
@@ -495,34 +612,45 @@ def test_flow_control_pause_and_resume_writing(loop):
             client, t = pair.client, pair.client.transport
             t.set_write_buffer_limits(high=high)
             low = t.get_write_buffer_limits()[0]
+            # A well-behaved producer: writes while not paused, yielding to
+            # the loop, until it has been paused for 0.2 s.
             sent = 0
-            # A well-behaved producer: write until asked to pause.
-            while not client.writing_paused:
-                t.write(chunk)
-                sent += len(chunk)
-                assert sent < 512 * MiB, "pause_writing() never called"
-            assert client.pause_writing_calls == 1
-            assert client.buffer_size_at_pause > high
-            # Bounded: the buffer holds at most one write beyond the high mark.
-            assert t.get_write_buffer_size() <= high + len(chunk)
-            # More writes while paused are buffered, with no second pause call.
-            t.write(chunk)
-            sent += len(chunk)
-            assert client.pause_writing_calls == 1
-            await asyncio.sleep(0.2)
-            assert client.writing_paused
-            assert client.resume_writing_calls == 0
-            assert t.get_write_buffer_size() <= high + 2 * len(chunk)
+            paused_since = None
+            deadline = loop.time() + 10
+            while True:
+                assert loop.time() < deadline, "producer never got stuck"
+                if client.writing_paused:
+                    if paused_since is None:
+                        paused_since = loop.time()
+                    elif loop.time() - paused_since > 0.2:
+                        break
+                    await asyncio.sleep(0.01)
+                else:
+                    paused_since = None
+                    t.write(chunk)
+                    sent += len(chunk)
+                    await asyncio.sleep(0)
+            assert client.pause_writing_calls >= 1
+            assert client.pause_writing_calls == client.resume_writing_calls + 1
+            assert_alternating(flow_events(client.events))
+            assert all(size > high for size in client.sizes_at_pause), client.sizes_at_pause
+            assert all(size <= low for size in client.sizes_at_resume), client.sizes_at_resume
+            # Bounded: the buffer holds at most one write beyond the high mark,
+            # and only the kernel's socket buffers hold the rest.
+            assert high < t.get_write_buffer_size() <= high + len(chunk)
+            assert pair.server.nbytes == 0
+            assert sent < 64 * MiB
             # The peer drains: resume_writing() is called once the buffer is
-            # at or below the low-water mark.
+            # at or below the low-water mark, and everything arrives.
+            pauses = client.pause_writing_calls
             pair.server.transport.resume_reading()
-            await client.until(lambda: client.resume_writing_calls, what="resume_writing()")
-            assert client.resume_writing_calls == 1
-            assert t.get_write_buffer_size() <= low
+            await client.until(lambda: client.resume_writing_calls == pauses, what="resume_writing()")
+            assert client.sizes_at_resume[-1] <= low
             await pair.server.received(sent, timeout=10)
             assert pair.server.nbytes == sent
             assert pair.server.sha.hexdigest() == sha256(*[chunk] * (sent // len(chunk)))
-            assert client.pause_writing_calls == 1
+            assert client.pause_writing_calls == pauses
+            assert not client.writing_paused
         finally:
             await pair.aclose()
 
@@ -534,11 +662,14 @@ def test_pause_writing_on_set_write_buffer_limits(loop):
         pair = await TcpPair.open(lambda: RecordingProtocol(keep_data=False, pause_on_connect=True))
         try:
             client, t = pair.client, pair.client.transport
-            written = await fill_until_buffered(t, numbered_chunks(payload(64 * KiB), 10**6), 1)
-            assert not client.writing_paused  # below the default high-water mark
+            written = await fill_until_buffered(t, numbered_chunks(payload(16 * KiB), 10**6), 1)
+            assert t.get_write_buffer_size() <= 64 * KiB
+            assert not client.writing_paused  # not above the default high-water mark
+            pauses = client.pause_writing_calls
             # Lowering the limits under the buffered amount pauses at once.
             t.set_write_buffer_limits(high=0)
-            assert client.pause_writing_calls == 1
+            assert client.pause_writing_calls == pauses + 1
+            assert client.writing_paused
             pair.server.transport.resume_reading()
             await client.until(lambda: client.resume_writing_calls, what="resume_writing()")
             assert t.get_write_buffer_size() == 0
@@ -548,6 +679,49 @@ def test_pause_writing_on_set_write_buffer_limits(loop):
             await pair.aclose()
 
     run(loop, main(), 20)
+
+
+@pytest.mark.parametrize("which", ["pause_writing", "resume_writing"])
+def test_flow_control_callback_errors_are_reported(loop, which):
+    contexts = collect_exceptions(loop)
+
+    class Failing(RecordingProtocol):
+        def pause_writing(self):
+            super().pause_writing()
+            if which == "pause_writing":
+                raise ZeroDivisionError(which)
+
+        def resume_writing(self):
+            super().resume_writing()
+            if which == "resume_writing":
+                raise ZeroDivisionError(which)
+
+    async def main():
+        pair = await TcpPair.open(
+            lambda: RecordingProtocol(keep_data=False, pause_on_connect=True), client_factory=Failing
+        )
+        try:
+            t = pair.client.transport
+            written = await fill_until_buffered(t, numbered_chunks(payload(256 * KiB), 10**6), MiB)
+            assert pair.client.pause_writing_calls >= 1
+            pair.server.transport.resume_reading()
+            await pair.client.until(lambda: not pair.client.writing_paused, what="resume_writing()")
+            await pair.server.received(len(written), timeout=10)
+            # The transport carries on.
+            assert not t.is_closing()
+            t.write(b"more")
+            await pair.server.received(len(written) + 4)
+            return pair.client
+        finally:
+            await pair.aclose()
+
+    client = run(loop, main(), 20)
+    assert contexts, "no error reported"
+    for _, ctx in contexts:
+        assert ctx["message"] == f"protocol.{which}() failed"
+        assert type(ctx["exception"]) is ZeroDivisionError
+        assert ctx["transport"] is client.transport
+        assert ctx["protocol"] is client
 
 
 def test_close_flushes_pending_data_before_eof(loop):
@@ -570,7 +744,11 @@ def test_close_flushes_pending_data_before_eof(loop):
             assert pair.server.nbytes == len(written)
             assert pair.server.sha.hexdigest() == sha256(written)
             assert pair.server.events[-3:] == ["data", "eof", "lost"]
-            assert client.events == ["made", "lost"]
+            flow = flow_events(client.events)
+            assert [e for e in client.events if e not in flow] == ["made", "lost"]
+            assert_alternating(flow)
+            # Draining while closing still resumes the writer.
+            assert flow[-1] == "resume_writing"
         finally:
             await pair.aclose()
 
@@ -589,7 +767,10 @@ def test_abort_drops_pending_data(loop):
             t.abort()  # a second abort is a no-op
             t.close()
             assert await asyncio.wait_for(client.lost, TIMEOUT) is None
-            assert client.events == ["made", "lost"]
+            flow = flow_events(client.events)
+            assert [e for e in client.events if e not in flow] == ["made", "lost"]
+            assert_alternating(flow)
+            assert flow[-1] == "pause_writing"
             pair.server.transport.resume_reading()
             await asyncio.wait_for(pair.server.lost, TIMEOUT)
             # The peer got a prefix of the stream, not all of it.
@@ -657,6 +838,114 @@ def test_peer_reset_while_writing(loop):
     assert exc.errno == errno.ECONNRESET
     assert events == ["made", "lost"]
     assert closing
+
+
+def test_peer_reset_with_pending_writes(loop):
+    async def main():
+        lsock = socket.create_server(("127.0.0.1", 0))
+        lsock.setblocking(False)
+        try:
+            t, client = await loop.create_connection(RecordingProtocol, *lsock.getsockname())
+            conn, _ = await asyncio.wait_for(loop.sock_accept(lsock), TIMEOUT)
+            # conn never reads: fill every buffer, then reset.
+            await fill_until_buffered(t, numbered_chunks(payload(256 * KiB), 10**6), MiB)
+            rst_close(conn)
+            exc = await asyncio.wait_for(client.lost, TIMEOUT)
+            assert t.is_closing()
+            assert t.get_write_buffer_size() == 0
+            t.write(b"dropped")  # no exception
+            return exc
+        finally:
+            lsock.close()
+
+    exc = run(loop, main(), 20)
+    assert type(exc) is ConnectionResetError
+
+
+def test_peer_reset_seen_by_streams(loop):
+    async def main():
+        lsock = socket.create_server(("127.0.0.1", 0))
+        lsock.setblocking(False)
+        try:
+            reader, writer = await asyncio.open_connection(*lsock.getsockname())
+            conn, _ = await asyncio.wait_for(loop.sock_accept(lsock), TIMEOUT)
+            rst_close(conn)
+            with pytest.raises(ConnectionResetError):
+                await asyncio.wait_for(reader.read(100), TIMEOUT)
+            with pytest.raises(ConnectionResetError):
+                writer.write(b"x")
+                await asyncio.wait_for(writer.drain(), TIMEOUT)
+            writer.close()
+            with pytest.raises(ConnectionResetError):
+                await asyncio.wait_for(writer.wait_closed(), TIMEOUT)
+        finally:
+            lsock.close()
+
+    run(loop, main())
+
+
+def test_write_then_abort_sends_what_the_kernel_took(loop):
+    """asyncio (like uvloop) hands data to the kernel inside write(), so a
+    small write followed at once by abort() still reaches the peer."""
+
+    async def main():
+        pair = await TcpPair.open()
+        try:
+            pair.client.transport.write(b"last words")
+            pair.client.transport.abort()
+            assert await asyncio.wait_for(pair.server.lost, TIMEOUT) is None
+            return bytes(pair.server.data)
+        finally:
+            await pair.aclose()
+
+    assert run(loop, main()) == b"last words"
+
+
+def test_write_reaches_peer_before_run_until_complete_returns(loop):
+    """Data written by a coroutine is on the wire once run_until_complete()
+    returns, even though the loop does not run again."""
+    lsock = socket.create_server(("127.0.0.1", 0))
+    try:
+
+        async def connect():
+            return await loop.create_connection(asyncio.Protocol, *lsock.getsockname())
+
+        t, _ = run(loop, connect())
+        conn, _ = lsock.accept()
+        with conn:
+            conn.settimeout(2)
+
+            async def write():
+                t.write(b"sync peer")
+
+            run(loop, write())
+            assert conn.recv(100) == b"sync peer"
+            t.close()
+            run(loop, asyncio.sleep(0.01))
+    finally:
+        lsock.close()
+
+
+def test_fd_watchers_refuse_transport_sockets(loop):
+    async def main():
+        pair = await TcpPair.open()
+        try:
+            fd = pair.client.transport.get_extra_info("socket").fileno()
+            for call in (
+                lambda: loop.add_reader(fd, print),
+                lambda: loop.add_writer(fd, print),
+                lambda: loop.remove_reader(fd),
+                lambda: loop.remove_writer(fd),
+            ):
+                with pytest.raises(RuntimeError, match="is used by transport"):
+                    call()
+            # The transport is unaffected.
+            pair.server.transport.write(b"ok")
+            await pair.client.received(2)
+        finally:
+            await pair.aclose()
+
+    run(loop, main())
 
 
 def test_half_close_eof_received_true_keeps_writable(loop):
@@ -731,12 +1020,14 @@ class RecordingBufferedProtocol(asyncio.BufferedProtocol):
         self.last_size = None
         self.received = bytearray()
         self.events = []
+        self.made = loop.create_future()
         self.eof = loop.create_future()
         self.lost = loop.create_future()
 
     def connection_made(self, transport):
         self.transport = transport
         self.events.append("made")
+        self.made.set_result(transport)
 
     def get_buffer(self, sizehint):
         size = self.SIZES[self.calls % len(self.SIZES)]
@@ -757,6 +1048,42 @@ class RecordingBufferedProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc):
         self.events.append("lost")
         self.lost.set_result(exc)
+
+
+@pytest.mark.parametrize("action", ["pause_reading", "close", "abort"])
+def test_buffered_protocol_stops_after_pause_or_close_in_buffer_updated(loop, action):
+    """No buffer_updated() after the protocol paused or closed the transport
+    from inside buffer_updated(), even with more data already received."""
+
+    class StopAfterFirst(RecordingBufferedProtocol):
+        SIZES = (1000,)
+
+        def buffer_updated(self, nbytes):
+            super().buffer_updated(nbytes)
+            if len(self.received) == nbytes:  # first call
+                getattr(self.transport, action)()
+
+    data = payload(200 * KiB, seed=9)
+
+    async def main():
+        pair = await TcpPair.open(client_factory=StopAfterFirst)
+        try:
+            client = pair.client
+            pair.server.transport.write(data)
+            await wait_until(lambda: client.received)
+            await asyncio.sleep(0.1)
+            got_while_stopped = len(client.received)
+            if action == "pause_reading":
+                client.transport.resume_reading()
+                await wait_until(lambda: len(client.received) == len(data))
+                assert bytes(client.received) == data
+            else:
+                await asyncio.wait_for(client.lost, TIMEOUT)
+            return got_while_stopped
+        finally:
+            await pair.aclose()
+
+    assert run(loop, main()) == 1000
 
 
 def test_buffered_protocol_client_receives_everything(loop):
@@ -834,7 +1161,8 @@ def test_buffered_protocol_errors(loop, mode, exc_type, message):
             pair.client.transport.write(b"trigger")
             exc = await asyncio.wait_for(pair.server.lost, TIMEOUT)
             assert type(exc) is exc_type
-            assert await asyncio.wait_for(pair.client.lost, TIMEOUT) is None
+            # (EOF or a reset, depending on whether the server read the data.)
+            await asyncio.wait_for(pair.client.lost, TIMEOUT)
             return exc, pair.server
         finally:
             await pair.aclose()
@@ -987,6 +1315,77 @@ def test_create_server_reuse_port(loop):
     run(loop, main())
 
 
+def test_server_accepts_a_burst_of_connections(loop):
+    n = 300
+
+    async def main():
+        srv = await loop.create_server(_echo_factory, "127.0.0.1", 0, backlog=n)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+
+            async def client(i):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                msg = b"client %d" % i
+                writer.write(msg)
+                got = await reader.readexactly(len(msg))
+                writer.close()
+                await writer.wait_closed()
+                return got == msg
+
+            results = await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(n))), 20)
+            assert all(results)
+        finally:
+            srv.close()
+            await srv.wait_closed()
+
+    run(loop, main(), 30)
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_server_protocol_factory_error(loop, debug):
+    """A failing protocol factory drops that connection (reported only in
+    debug mode) and the server keeps serving."""
+    loop.set_debug(debug)
+    contexts = collect_exceptions(loop)
+    calls = []
+
+    def factory():
+        calls.append(None)
+        if len(calls) == 1:
+            raise ZeroDivisionError("no protocol")
+        return RecordingProtocol(echo=True)
+
+    async def main():
+        srv = await loop.create_server(factory, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            if not debug:
+                # (In debug mode the reported exception's traceback keeps the
+                # accepted socket alive.)
+                try:
+                    assert await asyncio.wait_for(reader.read(100), TIMEOUT) == b""
+                except ConnectionResetError:
+                    pass
+            else:
+                await wait_until(lambda: contexts)
+            writer.close()
+            await _echo_once("127.0.0.1", port)
+        finally:
+            srv.close()
+            await srv.wait_closed()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # asyncio leaves the socket to the GC
+        run(loop, main())
+    messages = [ctx["message"] for _, ctx in contexts]
+    if debug:
+        assert messages == ["Error on transport creation for incoming connection"]
+        assert type(contexts[0][1]["exception"]) is ZeroDivisionError
+    else:
+        assert messages == []
+
+
 def _listen_backlog(sock):
     """The backlog a listening TCP socket was given (Linux: TCP_INFO's
     tcpi_sacked holds sk_max_ack_backlog for listeners)."""
@@ -1066,19 +1465,33 @@ def test_server_object_api(loop):
         async with srv as entered:
             assert entered is srv
             await _echo_once("127.0.0.1", port)
-            t, client = await loop.create_connection(RecordingProtocol, "127.0.0.1", port)
-        # Leaving the block closed the server (but not the connection).
+        # Leaving the block closed the server.
         assert srv.is_serving() is False
         assert srv.sockets == ()
         srv.close()  # idempotent
         await asyncio.wait_for(srv.wait_closed(), TIMEOUT)
         with pytest.raises(ConnectionRefusedError):
             await asyncio.wait_for(loop.create_connection(asyncio.Protocol, "127.0.0.1", port), TIMEOUT)
-        t.write(b"still open")
-        await client.received(10)
-        assert bytes(client.data) == b"still open"
-        t.close()
-        await asyncio.wait_for(client.lost, TIMEOUT)
+
+    run(loop, main())
+
+
+def test_server_close_keeps_connections(loop):
+    async def main():
+        pair = await TcpPair.open(_echo_factory)
+        try:
+            pair.srv.close()
+            assert not pair.srv.is_serving()
+            with pytest.raises(ConnectionRefusedError):
+                await asyncio.wait_for(loop.create_connection(asyncio.Protocol, "127.0.0.1", pair.port), TIMEOUT)
+            pair.client.transport.write(b"still open")
+            await pair.client.received(10)
+            assert bytes(pair.client.data) == b"still open"
+            pair.client.transport.close()
+            await asyncio.wait_for(pair.server.lost, TIMEOUT)
+            await asyncio.wait_for(pair.srv.wait_closed(), TIMEOUT)
+        finally:
+            await pair.aclose()
 
     run(loop, main())
 

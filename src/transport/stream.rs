@@ -119,6 +119,10 @@ struct StreamState {
     flush_pending: bool,
     /// Future resolved once everything written has gone out (sendfile).
     drain_waiter: Option<Py<PyAny>>,
+    /// BufferedProtocol: the buffer get_buffer() returned, which libuv is
+    /// reading into, or why get_buffer() failed.
+    read_view: Option<BufferView>,
+    get_buffer_error: Option<PyErr>,
     high_water: usize,
     low_water: usize,
     protocol_paused: bool,
@@ -444,6 +448,30 @@ impl StreamCore {
     }
 
     fn on_read(&self, py: Python<'_>, nread: isize) {
+        let st = unsafe { self.st() };
+        let view = st.read_view.take();
+        if let Some(err) = st.get_buffer_error.take() {
+            self.stop_read();
+            let res = if is_fatal_base(py, &err) {
+                Err(err)
+            } else {
+                self.fatal_error(py, err, "Fatal error: protocol.get_buffer() call failed.")
+            };
+            if let Err(err) = res {
+                self.fail_in_callback(py, err);
+            }
+            return;
+        }
+        if let Some(view) = view {
+            // The data is already in the protocol's buffer.
+            drop(view);
+            if nread > 0 {
+                if let Err(err) = self.buffer_updated(py, nread as usize) {
+                    self.fail_in_callback(py, err);
+                }
+                return;
+            }
+        }
         let result = if nread > 0 {
             self.deliver(py, nread as usize)
         } else if nread == sys::uv_errno_t_UV_EOF as isize {
@@ -459,35 +487,24 @@ impl StreamCore {
         }
     }
 
-    /// Hands `n` bytes from the scratch buffer to the protocol.
+    /// Hands `n` bytes from the scratch buffer to `protocol.data_received`.
     fn deliver(&self, py: Python<'_>, n: usize) -> PyResult<()> {
-        let (protocol, buffered) = {
-            let st = unsafe { self.st() };
-            match &st.protocol {
-                Some(p) => (p.clone_ref(py), st.buffered),
-                None => return Ok(()),
-            }
-        };
-        let data = &self.loop_state().read_buf[..n];
-        let res = if buffered {
-            deliver_buffered(py, &protocol, data).map_err(|(stage, err)| {
-                let msg = match stage {
-                    BufferedStage::GetBuffer => "Fatal error: protocol.get_buffer() call failed.",
-                    BufferedStage::BufferUpdated => "Fatal error: protocol.buffer_updated() call failed.",
-                };
-                (msg, err)
-            })
-        } else {
-            let bytes = PyBytes::new(py, data);
-            protocol
-                .call_method1(py, pyo3::intern!(py, "data_received"), (bytes,))
-                .map(drop)
-                .map_err(|err| ("Fatal error: protocol.data_received() call failed.", err))
-        };
-        match res {
-            Ok(()) => Ok(()),
-            Err((_, err)) if is_fatal_base(py, &err) => Err(err),
-            Err((msg, err)) => self.fatal_error(py, err, msg),
+        let Some(protocol) = (unsafe { self.st().protocol.as_ref().map(|p| p.clone_ref(py)) }) else { return Ok(()) };
+        let bytes = PyBytes::new(py, &self.loop_state().read_buf[..n]);
+        match protocol.call_method1(py, pyo3::intern!(py, "data_received"), (bytes,)) {
+            Ok(_) => Ok(()),
+            Err(err) if is_fatal_base(py, &err) => Err(err),
+            Err(err) => self.fatal_error(py, err, "Fatal error: protocol.data_received() call failed."),
+        }
+    }
+
+    /// `n` bytes landed in a BufferedProtocol's buffer.
+    fn buffer_updated(&self, py: Python<'_>, n: usize) -> PyResult<()> {
+        let Some(protocol) = (unsafe { self.st().protocol.as_ref().map(|p| p.clone_ref(py)) }) else { return Ok(()) };
+        match protocol.call_method1(py, pyo3::intern!(py, "buffer_updated"), (n,)) {
+            Ok(_) => Ok(()),
+            Err(err) if is_fatal_base(py, &err) => Err(err),
+            Err(err) => self.fatal_error(py, err, "Fatal error: protocol.buffer_updated() call failed."),
         }
     }
 
@@ -541,52 +558,91 @@ pub(crate) fn flush_all(py: Python<'_>, loop_state: *mut LoopState) -> PyResult<
     }
 }
 
-/// Which BufferedProtocol call failed, for asyncio's error messages.
-enum BufferedStage {
-    GetBuffer,
-    BufferUpdated,
-}
+/// A buffer exported by a Python object (`Py_buffer`), released on drop.
+struct BufferView(Box<pyo3::ffi::Py_buffer>);
 
-/// Copies `data` into a BufferedProtocol's buffers (get_buffer / buffer_updated).
-fn deliver_buffered(py: Python<'_>, protocol: &Py<PyAny>, mut data: &[u8]) -> Result<(), (BufferedStage, PyErr)> {
-    use BufferedStage::*;
-    while !data.is_empty() {
-        let get = || -> PyResult<pyo3::buffer::PyBuffer<u8>> {
-            let buf = protocol.call_method1(py, pyo3::intern!(py, "get_buffer"), (-1,))?;
-            let view = PyMemoryView::from(buf.bind(py))?;
-            let pybuf = pyo3::buffer::PyBuffer::<u8>::get(view.as_any())?;
-            if pybuf.item_count() == 0 {
-                return Err(PyRuntimeError::new_err("get_buffer() returned an empty buffer"));
-            }
-            if pybuf.readonly() {
-                return Err(PyTypeError::new_err("get_buffer() returned a read-only buffer"));
-            }
-            Ok(pybuf)
-        };
-        let pybuf = get().map_err(|e| (GetBuffer, e))?;
-        let n = pybuf.item_count().min(data.len());
-        // SAFETY: the buffer is writable, contiguous (checked by PyBuffer for
-        // u8) and at least n bytes long; we hold the GIL.
-        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), pybuf.buf_ptr() as *mut u8, n) };
-        drop(pybuf);
-        protocol
-            .call_method1(py, pyo3::intern!(py, "buffer_updated"), (n,))
-            .map_err(|e| (BufferUpdated, e))?;
-        data = &data[n..];
+// SAFETY: only used with the GIL held.
+unsafe impl Send for BufferView {}
+
+impl BufferView {
+    /// A contiguous buffer of `obj`, writable when asked, whatever its
+    /// item format (the bytes are what count, as for socket.recv_into).
+    fn get(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<BufferView> {
+        let mut view: Box<pyo3::ffi::Py_buffer> = Box::new(unsafe { MaybeUninit::zeroed().assume_init() });
+        let flags = if writable { pyo3::ffi::PyBUF_WRITABLE } else { pyo3::ffi::PyBUF_SIMPLE };
+        // SAFETY: view is a valid Py_buffer to fill; released in Drop.
+        if unsafe { pyo3::ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) } < 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        Ok(BufferView(view))
     }
-    Ok(())
+
+    fn as_slice(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.0.buf as *const u8, self.0.len as usize) }
+    }
+
+    fn len(&self) -> usize {
+        self.0.len as usize
+    }
 }
 
-unsafe extern "C" fn on_alloc(handle: *mut sys::uv_handle_t, _suggested: usize, buf: *mut sys::uv_buf_t) {
-    // SAFETY: data is the live core; the scratch buffer belongs to its loop
-    // and is consumed by on_read before the next allocation.
+impl Drop for BufferView {
+    fn drop(&mut self) {
+        // SAFETY: acquired by PyObject_GetBuffer; dropped with the GIL held.
+        unsafe { pyo3::ffi::PyBuffer_Release(&mut *self.0) }
+    }
+}
+
+/// libuv wants memory for a read. A BufferedProtocol lends its own buffer
+/// (`get_buffer(-1)`, as asyncio asks before each recv_into); otherwise the
+/// loop's scratch buffer.
+unsafe fn read_target(core: &StreamCore, buf: *mut sys::uv_buf_t) {
     unsafe {
-        let core = &*((*handle).data as *const StreamCore);
+        let st = core.st();
+        if st.buffered {
+            if let Some(protocol) = st.protocol.as_ref() {
+                let py = Python::assume_attached();
+                let protocol = protocol.clone_ref(py);
+                let view = protocol
+                    .call_method1(py, pyo3::intern!(py, "get_buffer"), (-1,))
+                    .and_then(|b| BufferView::get(b.bind(py), true))
+                    .and_then(|v| {
+                        if v.len() == 0 {
+                            Err(PyRuntimeError::new_err("get_buffer() returned an empty buffer"))
+                        } else {
+                            Ok(v)
+                        }
+                    });
+                let st = core.st();
+                match view {
+                    Ok(v) => {
+                        *buf = sys::uv_buf_init(v.0.buf as *mut _, v.len().min(u32::MAX as usize) as u32);
+                        st.read_view = Some(v);
+                    }
+                    Err(e) => {
+                        // A zero-length buffer makes libuv report UV_ENOBUFS.
+                        st.get_buffer_error = Some(e);
+                        *buf = sys::uv_buf_init(ptr::null_mut(), 0);
+                    }
+                }
+                return;
+            }
+        }
         let ls = core.loop_state();
         if ls.read_buf.len() < READ_BUF_SIZE {
             ls.read_buf.resize(READ_BUF_SIZE, 0);
         }
         *buf = sys::uv_buf_init(ls.read_buf.as_mut_ptr() as *mut _, READ_BUF_SIZE as u32);
+    }
+}
+
+unsafe extern "C" fn on_alloc(handle: *mut sys::uv_handle_t, _suggested: usize, buf: *mut sys::uv_buf_t) {
+    // SAFETY: data is the live core; the buffer handed out is consumed by
+    // on_read before the next allocation.
+    unsafe {
+        let core = &*((*handle).data as *const StreamCore);
+        core.loop_state().gil.reacquire();
+        read_target(core, buf);
     }
 }
 
@@ -633,14 +689,13 @@ unsafe extern "C" fn on_closed(handle: *mut sys::uv_handle_t) {
 
 /// Borrows the bytes of a bytes-like object: `bytes` is referenced, other
 /// buffers are copied (they may change after write() returns).
-fn to_chunk(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<(Chunk, usize)> {
+fn to_chunk(data: &Bound<'_, PyAny>) -> PyResult<(Chunk, usize)> {
     if let Ok(b) = data.cast::<PyBytes>() {
         let n = b.as_bytes().len();
         return Ok((Chunk::Shared(b.clone().unbind(), 0), n));
     }
     if data.is_instance_of::<PyByteArray>() || data.is_instance_of::<PyMemoryView>() {
-        let pybuf = pyo3::buffer::PyBuffer::<u8>::get(data)?;
-        let v = pybuf.to_vec(py)?;
+        let v = BufferView::get(data, false)?.as_slice().to_vec();
         let n = v.len();
         return Ok((Chunk::Owned(v, 0), n));
     }
@@ -683,6 +738,8 @@ impl StreamCore {
                     writing: false,
                     flush_pending: false,
                     drain_waiter: None,
+                    read_view: None,
+                    get_buffer_error: None,
                     high_water: DEFAULT_HIGH_WATER,
                     low_water: DEFAULT_HIGH_WATER / 4,
                     protocol_paused: false,
@@ -756,7 +813,7 @@ impl StreamCore {
     }
 
     fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (chunk, len) = to_chunk(py, data)?;
+        let (chunk, len) = to_chunk(data)?;
         let st = unsafe { self.st() };
         if st.eof {
             return Err(PyRuntimeError::new_err("Cannot call write() after write_eof()"));
@@ -782,7 +839,7 @@ impl StreamCore {
         }
         let items: Vec<Bound<'_, PyAny>> = list_of_data.try_iter()?.collect::<PyResult<_>>()?;
         for item in &items {
-            to_chunk(py, item)?;
+            to_chunk(item)?;
         }
         for item in &items {
             self.write(py, item)?;
