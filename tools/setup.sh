@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing zuvrs needs on a fresh Debian machine
-# with Python 3 and Rust: libclang (bindgen in libuv-sys2), and a virtualenv
-# in .venv with maturin, pytest, pytest-codspeed and the loops we compare with.
+# with Python 3 and Rust: libclang (bindgen in libuv-sys2), openssl (TLS test
+# certificates fall back to its CLI), and a virtualenv in .venv with maturin,
+# pytest, pytest-codspeed, the loops we compare with, and the applications the
+# tests serve (uvicorn, aiohttp) with their clients.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,4 +21,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "== installing Python packages"
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-    "maturin>=1.5,<2" "pytest>=7" "pytest-codspeed>=3" uvloop rloop
+    "maturin>=1.5,<2" "pytest>=7" "pytest-codspeed>=3" uvloop rloop \
+    uvicorn httptools httpx aiohttp websockets cryptography
