@@ -79,6 +79,7 @@ pub(crate) unsafe trait HandleBox: Sized {}
 unsafe impl HandleBox for sys::uv_timer_t {}
 unsafe impl HandleBox for sys::uv_async_t {}
 unsafe impl HandleBox for sys::uv_prepare_t {}
+unsafe impl HandleBox for sys::uv_poll_t {}
 
 /// Owner of one heap-allocated libuv handle (or a struct starting with one).
 pub(crate) struct UvHandle<T: HandleBox> {

@@ -433,3 +433,97 @@ def numbered_chunks(block, count):
     tail = block[8:]
     for i in range(count):
         yield i.to_bytes(8, "big") + tail
+
+
+# -- datagrams ---------------------------------------------------------------------
+
+
+class DatagramRecorder(asyncio.DatagramProtocol):
+    """A datagram protocol recording what its transport does to it.
+
+    ``datagrams`` holds (data, addr) pairs, ``errors`` the exceptions given to
+    error_received, ``events`` the callback names in order (runs of
+    "datagram" collapsed to one); ``got`` is a queue of (data, addr) pairs and
+    exceptions; ``made`` and ``lost`` are futures; write flow-control calls
+    are counted. ``echo=True`` sends every datagram back to its sender.
+    """
+
+    def __init__(self, echo=False):
+        loop = asyncio.get_running_loop()
+        self.echo = echo
+        self.transport = None
+        self.datagrams = []
+        self.errors = []
+        self.events = []
+        self.got = asyncio.Queue()
+        self.made = loop.create_future()
+        self.lost = loop.create_future()
+        self.pause_writing_calls = 0
+        self.resume_writing_calls = 0
+        self.sizes_at_pause = []
+        self.sizes_at_resume = []
+
+    def _event(self, name):
+        if not (name == "datagram" and self.events and self.events[-1] == name):
+            self.events.append(name)
+
+    def connection_made(self, transport):
+        self.transport = transport
+        self.made.set_result(transport)
+        self._event("made")
+
+    def datagram_received(self, data, addr):
+        self.datagrams.append((data, addr))
+        self._event("datagram")
+        if self.echo:
+            self.transport.sendto(data, addr)
+        self.got.put_nowait((data, addr))
+
+    def error_received(self, exc):
+        self.errors.append(exc)
+        self._event("error")
+        self.got.put_nowait(exc)
+
+    def pause_writing(self):
+        self.pause_writing_calls += 1
+        self.sizes_at_pause.append(self.transport.get_write_buffer_size())
+        self._event("pause_writing")
+
+    def resume_writing(self):
+        self.resume_writing_calls += 1
+        self.sizes_at_resume.append(self.transport.get_write_buffer_size())
+        self._event("resume_writing")
+
+    def connection_lost(self, exc):
+        self._event("lost")
+        if not self.lost.done():
+            self.lost.set_result(exc)
+        else:
+            self.events.append("lost again")
+
+
+# -- child processes (Linux) -------------------------------------------------------
+
+
+def proc_stat(pid):
+    """(state, ppid, pgrp, session) of process ``pid`` from /proc, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[3])
+
+
+def zombie_children(pids=None):
+    """Pids of this process's children that are zombies (<defunct>),
+    restricted to ``pids`` when given."""
+    me = os.getpid()
+    candidates = pids if pids is not None else [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    zombies = []
+    for pid in candidates:
+        st = proc_stat(pid)
+        if st is not None and st[0] == "Z" and st[1] == me:
+            zombies.append(pid)
+    return sorted(zombies)

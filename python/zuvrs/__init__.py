@@ -42,10 +42,20 @@ def _base_policy():
 
 
 class EventLoopPolicy(_base_policy()):
-    """An asyncio event loop policy whose loops are zuvrs loops."""
+    """An asyncio event loop policy whose loops are zuvrs loops.
+
+    zuvrs loops watch their own child processes, so the child watcher API
+    asyncio's Unix policy has up to 3.13 is accepted and has no effect.
+    """
 
     def _loop_factory(self):
         return new_event_loop()
+
+    def get_child_watcher(self):
+        return getattr(self, "_child_watcher", None)
+
+    def set_child_watcher(self, watcher):
+        self._child_watcher = watcher
 
     def __repr__(self):
         return f"<{type(self).__name__}>"

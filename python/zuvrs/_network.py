@@ -299,12 +299,16 @@ class NetworkMixin:
         fd = transp._sock_fd
         resume_reading = transp.is_reading()
         transp.pause_reading()
-        await transp._wait_drained()
-        del self._transports[fd]
+        transp._core._set_sendfile_in_progress(True)
         try:
-            return await self.sock_sendfile(transp._sock, file, offset, count, fallback=False)
+            await transp._wait_drained()
+            del self._transports[fd]
+            try:
+                return await self.sock_sendfile(transp._sock, file, offset, count, fallback=False)
+            finally:
+                self._transports[fd] = transp
         finally:
-            self._transports[fd] = transp
+            transp._core._set_sendfile_in_progress(False)
             if resume_reading:
                 transp.resume_reading()
 
@@ -433,11 +437,13 @@ class NetworkMixin:
                 fut.set_result(result)
 
         def cleanup(_):
-            if not self.is_closed():
+            # Unless another operation has taken the fd over meanwhile
+            # (which cancelled our handle).
+            if not handle.cancelled() and not self.is_closed():
                 self._clear_fd_handler(fd, write)
 
         self._ensure_fd_no_transport(fd)
-        self._set_fd_handler(fd, write, on_ready, ())
+        handle = self._set_fd_handler(fd, write, on_ready, ())
         fut.add_done_callback(cleanup)
         return fut
 

@@ -20,7 +20,7 @@ mod tasks;
 mod timers;
 
 use std::cell::UnsafeCell;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 
 use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PySystemExit};
 use pyo3::prelude::*;
@@ -33,7 +33,7 @@ use crate::transport::stream::StreamCore;
 use crate::handles::{release_handle, run_in_context, Callback, Handle, HandleCore, HasCore, Ready};
 use crate::uv::{sys, UvHandle, UvLoop};
 use gil::GilHandoff;
-use poll::{Side, Watcher};
+use poll::{FdWatchers, Side};
 use timers::TimerHeap;
 
 pub(crate) use fastcall::install_fast_methods;
@@ -64,7 +64,7 @@ struct UvParts {
     timer: UvHandle<sys::uv_timer_t>,
     /// Deadline the uv timer is armed for (NaN when not armed).
     armed_for: f64,
-    watchers: HashMap<i32, Watcher>,
+    fds: Option<FdWatchers>,
 }
 
 pub(crate) struct LoopState {
@@ -104,6 +104,11 @@ impl LoopState {
     /// True while run_forever runs this loop.
     pub(crate) fn is_running(&self) -> bool {
         self.thread_id.is_some()
+    }
+
+    /// The fd watchers, while the loop is open.
+    pub(crate) fn fd_watchers_mut(&mut self) -> Option<&mut FdWatchers> {
+        self.uv.as_mut().and_then(|p| p.fds.as_mut())
     }
 
     /// The libuv loop, while open.
@@ -376,7 +381,7 @@ impl LoopCore {
                 prepare,
                 timer,
                 armed_for: f64::NAN,
-                watchers: HashMap::new(),
+                fds: None,
             });
         }
         Ok(LoopCore { state })
@@ -517,9 +522,9 @@ impl LoopCore {
         }
         let st = unsafe { self.st() };
         if let Some(mut parts) = st.uv.take() {
-            for (_, w) in parts.watchers.drain() {
-                handlers.extend(unsafe { (*w.raw()).take_all() }.into_iter().flatten());
-                w.close();
+            if let Some(mut fds) = parts.fds.take() {
+                handlers.extend(fds.take_all());
+                fds.close();
             }
             parts.wake.close();
             parts.prepare.close();
@@ -549,11 +554,9 @@ impl LoopCore {
         for t in st.timers.iter() {
             unsafe { t.get().core() }.visit(&visit)?;
         }
-        if let Some(parts) = &st.uv {
-            for w in parts.watchers.values() {
-                for h in unsafe { &*w.raw() }.handlers() {
-                    unsafe { h.get().core() }.visit(&visit)?;
-                }
+        if let Some(fds) = st.uv.as_ref().and_then(|p| p.fds.as_ref()) {
+            for h in fds.handlers() {
+                unsafe { h.get().core() }.visit(&visit)?;
             }
         }
         visit.call(&st.thread_id)?;
@@ -561,14 +564,10 @@ impl LoopCore {
     }
 
     fn __clear__(&self) {
-        let mut handlers = Vec::new();
-        if let Some(parts) = unsafe { self.st().uv.as_mut() } {
-            for w in parts.watchers.values() {
-                let w = unsafe { &mut *w.raw() };
-                handlers.extend(w.take_all().into_iter().flatten());
-                let _ = w.update();
-            }
-        }
+        let handlers = match unsafe { self.st().fd_watchers_mut() } {
+            Some(fds) => fds.take_all(),
+            None => Vec::new(),
+        };
         for h in handlers {
             h.get().cancel_now();
             release_handle(h);
@@ -576,8 +575,9 @@ impl LoopCore {
         self.release_callbacks();
     }
 
-    /// Sets (or replaces) the reader or writer of `fd`. The handle runs each
-    /// time the descriptor is ready, until removed.
+    /// Sets (or replaces) the reader or writer of `fd`, returning its
+    /// handle. The handle runs each time the descriptor is ready, until
+    /// removed (replacing it cancels the old one).
     fn _set_fd_handler(
         &self,
         py: Python<'_>,
@@ -585,7 +585,7 @@ impl LoopCore {
         write: bool,
         callback: &Bound<'_, PyAny>,
         args: &Bound<'_, PyTuple>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Py<Handle>> {
         let side = if write { Side::Write } else { Side::Read };
         let sp = self.state.get();
         let handle = unsafe {
@@ -599,42 +599,23 @@ impl LoopCore {
             Handle::create(py, HandleCore::new(cb, ctx, false, true))?.unbind()
         };
         let parts = self.parts()?;
-        if !parts.watchers.contains_key(&fd) {
-            let w = poll::new_watcher(sp, parts.uv.raw(), fd).map_err(uv_error)?;
-            parts.watchers.insert(fd, w);
+        if parts.fds.is_none() {
+            parts.fds = Some(FdWatchers::new(parts.uv.raw(), sp).map_err(|e| uv_error(-e))?);
         }
-        let w = parts.watchers.get(&fd).expect("inserted");
-        let watcher = unsafe { &mut *w.raw() };
-        let old = watcher.set(side, Some(handle));
-        let started = watcher.update();
-        if let Err(rc) = started {
-            let mine = watcher.set(side, old);
-            if watcher.is_idle() {
-                parts.watchers.remove(&fd).expect("present").close();
-            }
-            drop(mine);
-            return Err(uv_error(rc));
-        }
+        let fds = parts.fds.as_mut().expect("created");
+        let old = fds.set(fd, side, handle.clone_ref(py)).map_err(|e| uv_error(-e))?;
         if let Some(old) = old {
             old.get().cancel_now();
             release_handle(old);
         }
-        Ok(())
+        Ok(handle)
     }
 
     /// Removes the reader or writer of `fd`; True if there was one.
     fn _clear_fd_handler(&self, fd: i32, write: bool) -> bool {
         let side = if write { Side::Write } else { Side::Read };
-        let Some(parts) = (unsafe { self.st().uv.as_mut() }) else { return false };
-        let Some(w) = parts.watchers.get(&fd) else { return false };
-        let watcher = unsafe { &mut *w.raw() };
-        let old = watcher.set(side, None);
-        if watcher.is_idle() {
-            parts.watchers.remove(&fd).expect("present").close();
-        } else {
-            let _ = watcher.update();
-        }
-        match old {
+        let Some(fds) = (unsafe { self.st().fd_watchers_mut() }) else { return false };
+        match fds.clear(fd, side) {
             Some(h) => {
                 h.get().cancel_now();
                 release_handle(h);
@@ -647,14 +628,9 @@ impl LoopCore {
     /// The handles registered for `fd` as (reader, writer), for debugging
     /// and tests.
     fn _fd_handlers(&self, py: Python<'_>, fd: i32) -> (Option<Py<Handle>>, Option<Py<Handle>>) {
-        let Some(parts) = (unsafe { self.st().uv.as_ref() }) else { return (None, None) };
-        match parts.watchers.get(&fd) {
-            None => (None, None),
-            Some(w) => {
-                let w = unsafe { &*w.raw() };
-                (w.reader_ref(py), w.writer_ref(py))
-            }
-        }
+        let Some(fds) = (unsafe { self.st().fd_watchers_mut() }) else { return (None, None) };
+        let (r, w) = fds.get(fd);
+        (r.map(|h| h.clone_ref(py)), w.map(|h| h.clone_ref(py)))
     }
 
     /// Resolves a host name on libuv's thread pool into `future` (see dns.rs).

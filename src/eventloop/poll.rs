@@ -1,31 +1,25 @@
-//! `add_reader` / `add_writer`: one `uv_poll_t` per watched file descriptor.
+//! `add_reader` / `add_writer`: a selector inside the loop.
 //!
-//! A watcher keeps the reader and writer handles of its descriptor. When the
-//! descriptor is ready the poll callback queues the matching handle on the
-//! ready queue, like asyncio's selector loop does, so the callbacks run in
+//! The descriptors users watch live in a private epoll set, and libuv polls
+//! only that set's own fd (one `uv_poll_t`). Registering and unregistering
+//! are immediate `epoll_ctl` calls, so errors surface at once (PermissionError
+//! for a regular file, EBADF for a closed fd) exactly as with asyncio's
+//! selector, a descriptor closed while watched simply drops out of the set,
+//! and libuv never sees a user's fd: a fd closed behind its back cannot make
+//! libuv abort, and a transport's fd (owned by a libuv stream) can be watched
+//! too (sendfile waits for it to be writable).
+//!
+//! When the set is ready, its events queue the matching reader and writer
+//! handles on the ready queue, as asyncio's selector loop does, so they run in
 //! the loop's turn in order with everything else.
 
-use std::mem::MaybeUninit;
+use std::collections::HashMap;
 
 use pyo3::prelude::*;
 
 use super::LoopState;
 use crate::handles::{Handle, Ready};
-use crate::uv::{sys, HandleBox, UvHandle};
-
-#[repr(C)]
-pub(crate) struct FdWatcher {
-    /// Must stay the first field (see `HandleBox`).
-    poll: sys::uv_poll_t,
-    state: *mut LoopState,
-    reader: Option<Py<Handle>>,
-    writer: Option<Py<Handle>>,
-}
-
-// SAFETY: repr(C) with the uv_poll_t first.
-unsafe impl HandleBox for FdWatcher {}
-
-pub(crate) type Watcher = UvHandle<FdWatcher>;
+use crate::uv::{sys, UvHandle};
 
 /// Which side of a descriptor a handler watches.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -34,115 +28,204 @@ pub(crate) enum Side {
     Write,
 }
 
-/// Creates the watcher for `fd`, leaving the descriptor's blocking mode as it
-/// was (libuv makes it non-blocking; asyncio does not touch it).
-pub(crate) fn new_watcher(state: *mut LoopState, uv_loop: *mut sys::uv_loop_t, fd: i32) -> Result<Watcher, i32> {
-    let w = UvHandle::new(FdWatcher {
-        // SAFETY: initialised by uv_poll_init below.
-        poll: unsafe { MaybeUninit::zeroed().assume_init() },
-        state,
-        reader: None,
-        writer: None,
-    });
-    // SAFETY: fcntl on a caller-supplied descriptor only reads/sets flags.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        w.free_uninit();
-        return Err(-std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF));
-    }
-    // SAFETY: the watcher allocation is valid; on error libuv did not keep it.
-    let rc = unsafe { sys::uv_poll_init(uv_loop, &mut (*w.raw()).poll, fd) };
-    if rc < 0 {
-        w.free_uninit();
-        return Err(rc);
-    }
-    if flags & libc::O_NONBLOCK == 0 {
-        unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
-    }
-    w.set_data(w.raw());
-    Ok(w)
+#[derive(Default)]
+struct Entry {
+    reader: Option<Py<Handle>>,
+    writer: Option<Py<Handle>>,
 }
 
-impl FdWatcher {
-    /// Replaces the handler of one side; returns the old one.
-    pub(crate) fn set(&mut self, side: Side, handle: Option<Py<Handle>>) -> Option<Py<Handle>> {
+impl Entry {
+    fn slot(&mut self, side: Side) -> &mut Option<Py<Handle>> {
         match side {
-            Side::Read => std::mem::replace(&mut self.reader, handle),
-            Side::Write => std::mem::replace(&mut self.writer, handle),
+            Side::Read => &mut self.reader,
+            Side::Write => &mut self.writer,
         }
     }
 
-    pub(crate) fn reader_ref(&self, py: Python<'_>) -> Option<Py<Handle>> {
-        self.reader.as_ref().map(|h| h.clone_ref(py))
+    fn mask(&self) -> u32 {
+        let mut m = 0;
+        if self.reader.is_some() {
+            m |= libc::EPOLLIN as u32;
+        }
+        if self.writer.is_some() {
+            m |= libc::EPOLLOUT as u32;
+        }
+        m
+    }
+}
+
+pub(crate) struct FdWatchers {
+    epfd: i32,
+    /// libuv's watch on `epfd`; its data points at the loop state.
+    poll: Option<UvHandle<sys::uv_poll_t>>,
+    polling: bool,
+    entries: HashMap<i32, Entry>,
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+impl FdWatchers {
+    /// A new, empty selector on `uv_loop`; a positive errno on failure.
+    pub(crate) fn new(uv_loop: *mut sys::uv_loop_t, state: *mut LoopState) -> Result<Self, i32> {
+        // SAFETY: plain system calls; the poll handle is initialised on an
+        // open loop and owned by the returned value.
+        unsafe {
+            let epfd = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+            if epfd < 0 {
+                return Err(errno());
+            }
+            let poll = UvHandle::<sys::uv_poll_t>::zeroed();
+            let rc = sys::uv_poll_init(uv_loop, poll.raw(), epfd);
+            if rc < 0 {
+                poll.free_uninit();
+                libc::close(epfd);
+                return Err(-rc);
+            }
+            sys::uv_unref(poll.as_handle());
+            poll.set_data(state);
+            Ok(FdWatchers { epfd, poll: Some(poll), polling: false, entries: HashMap::new() })
+        }
     }
 
-    pub(crate) fn writer_ref(&self, py: Python<'_>) -> Option<Py<Handle>> {
-        self.writer.as_ref().map(|h| h.clone_ref(py))
+    /// Sets (or replaces) the handler of one side of `fd`; returns the old
+    /// one, or a positive errno if the kernel refused the descriptor.
+    pub(crate) fn set(&mut self, fd: i32, side: Side, handle: Py<Handle>) -> Result<Option<Py<Handle>>, i32> {
+        let entry = self.entries.entry(fd).or_default();
+        let before = entry.mask();
+        let old = entry.slot(side).replace(handle);
+        let after = entry.mask();
+        if before != after {
+            let op = if before == 0 { libc::EPOLL_CTL_ADD } else { libc::EPOLL_CTL_MOD };
+            let mut ev = libc::epoll_event { events: after, u64: fd as u64 };
+            // SAFETY: epfd is ours; the kernel validates fd.
+            if unsafe { libc::epoll_ctl(self.epfd, op, fd, &mut ev) } < 0 {
+                let err = errno();
+                let entry = self.entries.get_mut(&fd).expect("present");
+                let mine = std::mem::replace(entry.slot(side), old);
+                if entry.mask() == 0 {
+                    self.entries.remove(&fd);
+                }
+                drop(mine);
+                return Err(err);
+            }
+        }
+        self.update_polling();
+        Ok(old)
+    }
+
+    /// Removes the handler of one side of `fd`, returning it.
+    pub(crate) fn clear(&mut self, fd: i32, side: Side) -> Option<Py<Handle>> {
+        let entry = self.entries.get_mut(&fd)?;
+        let old = entry.slot(side).take()?;
+        let mask = entry.mask();
+        let mut ev = libc::epoll_event { events: mask, u64: fd as u64 };
+        // SAFETY: as in set(). A descriptor already closed has left the set:
+        // the error is expected and ignored, as selectors do.
+        unsafe {
+            if mask == 0 {
+                libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, &mut ev);
+            } else {
+                libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_MOD, fd, &mut ev);
+            }
+        }
+        if mask == 0 {
+            self.entries.remove(&fd);
+        }
+        self.update_polling();
+        Some(old)
+    }
+
+    /// The (reader, writer) handles of `fd`.
+    pub(crate) fn get(&self, fd: i32) -> (Option<&Py<Handle>>, Option<&Py<Handle>>) {
+        match self.entries.get(&fd) {
+            Some(e) => (e.reader.as_ref(), e.writer.as_ref()),
+            None => (None, None),
+        }
     }
 
     pub(crate) fn handlers(&self) -> impl Iterator<Item = &Py<Handle>> {
-        self.reader.iter().chain(self.writer.iter())
+        self.entries.values().flat_map(|e| e.reader.iter().chain(e.writer.iter()))
     }
 
-    pub(crate) fn is_idle(&self) -> bool {
-        self.reader.is_none() && self.writer.is_none()
-    }
-
-    /// Takes both handlers (loop close).
-    pub(crate) fn take_all(&mut self) -> [Option<Py<Handle>>; 2] {
-        [self.reader.take(), self.writer.take()]
-    }
-
-    /// Starts polling for the sides that have handlers (or stops if none).
-    pub(crate) fn update(&mut self) -> Result<(), i32> {
-        let mut events = 0;
-        if self.reader.is_some() {
-            events |= sys::uv_poll_event_UV_READABLE as i32;
+    /// Unregisters everything, handing the handlers to the caller.
+    pub(crate) fn take_all(&mut self) -> Vec<Py<Handle>> {
+        let mut out = Vec::new();
+        for (fd, e) in self.entries.drain() {
+            let mut ev = libc::epoll_event { events: 0, u64: 0 };
+            unsafe { libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, &mut ev) };
+            out.extend(e.reader);
+            out.extend(e.writer);
         }
-        if self.writer.is_some() {
-            events |= sys::uv_poll_event_UV_WRITABLE as i32;
+        self.update_polling();
+        out
+    }
+
+    /// Polls `epfd` while anything is registered.
+    fn update_polling(&mut self) {
+        let want = !self.entries.is_empty();
+        if want == self.polling {
+            return;
         }
-        // SAFETY: the poll handle is initialised and owned by this watcher.
-        let rc = unsafe {
-            if events == 0 {
-                sys::uv_poll_stop(&mut self.poll)
+        let Some(poll) = &self.poll else { return };
+        // SAFETY: the poll handle is initialised and owned here.
+        unsafe {
+            if want {
+                sys::uv_poll_start(poll.raw(), sys::uv_poll_event_UV_READABLE as i32, Some(on_ready));
             } else {
-                sys::uv_poll_start(&mut self.poll, events, Some(on_poll))
+                sys::uv_poll_stop(poll.raw());
             }
-        };
-        if rc < 0 {
-            Err(rc)
-        } else {
-            Ok(())
         }
+        self.polling = want;
+    }
+
+    /// Queues the handlers of every ready descriptor.
+    fn dispatch(&mut self, py: Python<'_>, ready: &mut std::collections::VecDeque<Ready>) {
+        const MAX_EVENTS: usize = 256;
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; MAX_EVENTS];
+        // SAFETY: epfd is ours; the buffer holds MAX_EVENTS entries.
+        let n = unsafe { libc::epoll_wait(self.epfd, events.as_mut_ptr(), MAX_EVENTS as i32, 0) };
+        for ev in &events[..n.max(0) as usize] {
+            let fd = ev.u64 as i32;
+            let Some(entry) = self.entries.get(&fd) else { continue };
+            let bits = ev.events;
+            // As selectors.EpollSelector: anything but a pure EPOLLOUT wakes
+            // the reader, anything but a pure EPOLLIN wakes the writer.
+            if bits & !(libc::EPOLLOUT as u32) != 0 {
+                if let Some(h) = &entry.reader {
+                    ready.push_back(Ready::Soon(h.clone_ref(py)));
+                }
+            }
+            if bits & !(libc::EPOLLIN as u32) != 0 {
+                if let Some(h) = &entry.writer {
+                    ready.push_back(Ready::Soon(h.clone_ref(py)));
+                }
+            }
+        }
+    }
+
+    /// Closes libuv's watch and the epoll set (loop close).
+    pub(crate) fn close(mut self) {
+        if let Some(poll) = self.poll.take() {
+            poll.close();
+        }
+        // SAFETY: libuv stopped watching epfd when its handle closed (uv_close
+        // unregisters at once); the fd is ours.
+        unsafe { libc::close(self.epfd) };
     }
 }
 
-unsafe extern "C" fn on_poll(handle: *mut sys::uv_poll_t, status: i32, events: i32) {
-    // SAFETY: data points at the FdWatcher that owns this handle, and its
-    // state pointer at the live loop state (watchers close before the loop).
+unsafe extern "C" fn on_ready(handle: *mut sys::uv_poll_t, _status: i32, _events: i32) {
+    // SAFETY: data is the live loop state (the handle closes with the loop).
     unsafe {
-        let w = &mut *((*handle).data as *mut FdWatcher);
-        let st = &mut *w.state;
+        let st = &mut *((*handle).data as *mut LoopState);
         st.gil.reacquire();
         st.io_seen = true;
         let py = Python::assume_attached();
-        // An error (e.g. the descriptor was closed under us) wakes both sides
-        // so their callbacks see it, as a selector reports it.
-        let events = if status < 0 {
-            (sys::uv_poll_event_UV_READABLE | sys::uv_poll_event_UV_WRITABLE) as i32
-        } else {
-            events
-        };
-        if events & sys::uv_poll_event_UV_READABLE as i32 != 0 {
-            if let Some(h) = &w.reader {
-                st.ready.push_back(Ready::Soon(h.clone_ref(py)));
-            }
-        }
-        if events & sys::uv_poll_event_UV_WRITABLE as i32 != 0 {
-            if let Some(h) = &w.writer {
-                st.ready.push_back(Ready::Soon(h.clone_ref(py)));
-            }
+        let st_ptr = st as *mut LoopState;
+        if let Some(fds) = (*st_ptr).fd_watchers_mut() {
+            fds.dispatch(py, &mut (*st_ptr).ready);
         }
     }
 }

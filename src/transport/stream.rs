@@ -123,6 +123,8 @@ struct StreamState {
     /// reading into, or why get_buffer() failed.
     read_view: Option<BufferView>,
     get_buffer_error: Option<PyErr>,
+    /// loop.sendfile() owns the socket for now: write() must refuse.
+    sendfile_in_progress: bool,
     high_water: usize,
     low_water: usize,
     protocol_paused: bool,
@@ -740,6 +742,7 @@ impl StreamCore {
                     drain_waiter: None,
                     read_view: None,
                     get_buffer_error: None,
+                    sendfile_in_progress: false,
                     high_water: DEFAULT_HIGH_WATER,
                     low_water: DEFAULT_HIGH_WATER / 4,
                     protocol_paused: false,
@@ -817,6 +820,9 @@ impl StreamCore {
         let st = unsafe { self.st() };
         if st.eof {
             return Err(PyRuntimeError::new_err("Cannot call write() after write_eof()"));
+        }
+        if st.sendfile_in_progress {
+            return Err(PyRuntimeError::new_err("unable to write; sendfile is in progress"));
         }
         if len == 0 {
             return Ok(());
@@ -907,6 +913,11 @@ impl StreamCore {
         }
         st.drain_waiter = Some(future);
         self.after_drain(py)
+    }
+
+    /// Marks loop.sendfile() running on this transport (writes refused).
+    fn _set_sendfile_in_progress(&self, active: bool) {
+        unsafe { self.st().sendfile_in_progress = active };
     }
 
     /// Whether the protocol was told to pause writing.
