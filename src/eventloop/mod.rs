@@ -51,6 +51,13 @@ pub(crate) fn monotonic() -> f64 {
 /// How often a loop whose ready queue never empties still polls for I/O.
 const BUSY_POLL_INTERVAL: f64 = 50e-6;
 
+/// When the loop last polled, and whether that poll found I/O.
+#[derive(Default)]
+struct PollPacing {
+    last_poll: f64,
+    last_had_io: bool,
+}
+
 /// libuv resources of an open loop.
 struct UvParts {
     uv: UvLoop,
@@ -262,6 +269,47 @@ impl LoopCore {
         }
     }
 
+    /// One turn: flush writes, poll (or skip an idle poll), move due timers
+    /// to the ready queue, run the callbacks queued when the turn began.
+    fn run_turn(&self, py: Python<'_>, any: &Bound<'_, PyAny>, pacing: &mut PollPacing) -> PyResult<()> {
+        crate::transport::stream::flush_all(py, self.state_ptr())?;
+        let st = unsafe { self.st() };
+        let Some(parts) = st.uv.as_ref() else { return Err(closed_error()) };
+        let raw = parts.uv.raw();
+        let busy = !st.ready.is_empty() || st.stopping;
+        // While callbacks keep the queue busy and the last poll found no
+        // I/O, a non-blocking poll finds nothing most of the time: polling
+        // every BUSY_POLL_INTERVAL then keeps I/O latency negligible at a
+        // fraction of the cost. A loop that is moving I/O polls every turn.
+        let now = if busy { monotonic() } else { 0.0 };
+        if !busy || st.stopping || pacing.last_had_io || now - pacing.last_poll >= BUSY_POLL_INTERVAL {
+            st.io_seen = false;
+            let mode = if busy {
+                sys::uv_run_mode_UV_RUN_NOWAIT
+            } else {
+                self.arm_timer();
+                sys::uv_run_mode_UV_RUN_ONCE
+            };
+            // Only a poll that may block hands the GIL to other threads; a
+            // busy loop yields it through the interpreter's switch interval
+            // like any Python code.
+            st.gil.set_release_before_poll(!busy);
+            // SAFETY: no state borrow is held across uv_run; callbacks
+            // re-derive it from the handles' data pointers.
+            unsafe {
+                sys::uv_run(raw, mode);
+                self.st().gil.reacquire();
+            }
+            pacing.last_poll = if busy { now } else { monotonic() };
+            pacing.last_had_io = unsafe { self.st().io_seen };
+            if let Some(err) = unsafe { self.st().pending_error.take() } {
+                return Err(err);
+            }
+        }
+        self.collect_due_timers();
+        self.run_ready(any)
+    }
+
     /// Runs the callbacks queued when the turn began.
     fn run_ready(&self, slf: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = slf.py();
@@ -453,47 +501,9 @@ impl LoopCore {
             let parts = this.parts()?;
             unsafe { sys::uv_prepare_start(parts.prepare.raw(), Some(on_prepare)) };
         }
-        let mut last_poll = 0.0;
-        let mut last_poll_had_io = false;
+        let mut pacing = PollPacing::default();
         let result = loop {
-            if let Err(e) = crate::transport::stream::flush_all(py, this.state_ptr()) {
-                break Err(e);
-            }
-            let st = unsafe { this.st() };
-            let Some(parts) = st.uv.as_ref() else { break Err(closed_error()) };
-            let raw = parts.uv.raw();
-            let busy = !st.ready.is_empty() || st.stopping;
-            // While callbacks keep the queue busy and the last poll found no
-            // I/O, a non-blocking poll finds nothing most of the time: polling
-            // every BUSY_POLL_INTERVAL then keeps I/O latency negligible at a
-            // fraction of the cost. A loop that is moving I/O polls every turn.
-            let now = if busy { monotonic() } else { 0.0 };
-            if !busy || st.stopping || last_poll_had_io || now - last_poll >= BUSY_POLL_INTERVAL {
-                st.io_seen = false;
-                let mode = if busy {
-                    sys::uv_run_mode_UV_RUN_NOWAIT
-                } else {
-                    this.arm_timer();
-                    sys::uv_run_mode_UV_RUN_ONCE
-                };
-                // Only a poll that may block hands the GIL to other threads;
-                // a busy loop yields it through the interpreter's switch
-                // interval like any Python code.
-                st.gil.set_release_before_poll(!busy);
-                // SAFETY: no state borrow is held across uv_run; callbacks
-                // re-derive it from the handles' data pointers.
-                unsafe {
-                    sys::uv_run(raw, mode);
-                    this.st().gil.reacquire();
-                }
-                last_poll = if busy { now } else { monotonic() };
-                last_poll_had_io = unsafe { this.st().io_seen };
-                if let Some(err) = unsafe { this.st().pending_error.take() } {
-                    break Err(err);
-                }
-            }
-            this.collect_due_timers();
-            if let Err(e) = this.run_ready(any) {
+            if let Err(e) = this.run_turn(py, any, &mut pacing) {
                 break Err(e);
             }
             if unsafe { this.st().stopping } {
@@ -507,6 +517,35 @@ impl LoopCore {
         let flushed = crate::transport::stream::flush_all(py, this.state_ptr());
         result.and(flushed)
     }
+
+    /// One turn of the loop, as asyncio's `_run_once` (for code that drives
+    /// the loop by hand): poll, due timers, the callbacks queued so far.
+    fn _run_once(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        this.run_turn(py, slf.as_any(), &mut PollPacing::default())?;
+        crate::transport::stream::flush_all(py, this.state_ptr())
+    }
+
+    /// A snapshot of the callbacks waiting to run (asyncio keeps them in
+    /// `_ready`; code that peeks at it sees the same handles). Assigning is
+    /// ignored: asyncio's constructor and close() reset their own copy.
+    #[getter(_ready)]
+    fn get_ready(&self, py: Python<'_>) -> Vec<Py<PyAny>> {
+        unsafe { self.st().ready.iter().map(|r| Bound::from_borrowed_ptr(py, r.as_ptr()).unbind()).collect() }
+    }
+
+    #[setter(_ready)]
+    fn set_ready(&self, _value: Py<PyAny>) {}
+
+    /// A snapshot of the scheduled timers (asyncio's `_scheduled`).
+    #[getter(_scheduled)]
+    fn get_scheduled(&self, py: Python<'_>) -> Vec<Py<PyAny>> {
+        unsafe { self.st().timers.iter().map(|t| t.clone_ref(py).into_any()).collect() }
+    }
+
+    #[setter(_scheduled)]
+    fn set_scheduled(&self, _value: Py<PyAny>) {}
 
     /// Frees the libuv loop and drops every queued callback. Python's
     /// `close()` calls this after its own checks.
