@@ -227,7 +227,7 @@ fn gaierror(py: Python<'_>, code: i32) -> PyResult<PyErr> {
 
 /// The Python sockaddr of a resolved address: (host, port) for IPv4,
 /// (host, port, flowinfo, scope_id) for IPv6.
-unsafe fn sockaddr_tuple<'py>(py: Python<'py>, sa: *const libc::sockaddr) -> PyResult<Option<Bound<'py, PyTuple>>> {
+pub(crate) unsafe fn sockaddr_tuple<'py>(py: Python<'py>, sa: *const libc::sockaddr) -> PyResult<Option<Bound<'py, PyTuple>>> {
     unsafe {
         match (*sa).sa_family as i32 {
             libc::AF_INET => {

@@ -7,9 +7,12 @@ asyncio supports; a native per-datagram path is a later optimisation.
 
 import asyncio
 import collections
+import socket
 import sys
 from asyncio import constants, futures, transports, trsock
 from asyncio.log import logger
+
+from ._zuvrs import recv_datagram
 
 __all__ = ("DatagramTransport",)
 
@@ -36,6 +39,8 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
                 self._extra["peername"] = None
         self._sock = sock
         self._sock_fd = sock.fileno()
+        # IP datagrams are read natively (no 256 KiB bytes per packet).
+        self._native_recv = sock.family in (socket.AF_INET, socket.AF_INET6)
         self._protocol = protocol
         self._address = address
         self._buffer = collections.deque()
@@ -77,7 +82,10 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
         if self._conn_lost:
             return
         try:
-            data, addr = self._sock.recvfrom(self.max_size)
+            if self._native_recv:
+                data, addr = recv_datagram(self._sock_fd)
+            else:
+                data, addr = self._sock.recvfrom(self.max_size)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:

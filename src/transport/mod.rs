@@ -7,4 +7,5 @@
 //! libuv's callbacks (reads, write completions); what happens once per
 //! connection (connection_made, connection_lost, error reports) is Python.
 
+pub(crate) mod datagram;
 pub(crate) mod stream;
