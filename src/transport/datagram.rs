@@ -46,7 +46,7 @@ pub(crate) fn recv_datagram(py: Python<'_>, fd: i32) -> PyResult<(Bound<'_, PyBy
                     py.check_signals()?;
                     continue;
                 }
-                return Err(PyErr::from(err));
+                return Err(crate::errors::uv_error(-err.raw_os_error().unwrap_or(libc::EIO)));
             }
             let data = PyBytes::new(py, &buf[..n as usize]);
             let address = if addrlen == 0 {
