@@ -10,7 +10,12 @@ import stat
 from asyncio import constants, futures, transports
 from asyncio.log import logger
 
+from ._zuvrs import read_fd
+
 __all__ = ("ReadPipeTransport", "WritePipeTransport")
+
+
+_NATIVE_READ_SIZE = 256 * 1024  # what read_fd reads at most
 
 
 def _pipe_mode(fileno):
@@ -53,7 +58,8 @@ class ReadPipeTransport(transports.ReadTransport):
 
     def _read_ready(self):
         try:
-            data = os.read(self._fileno, self.max_size)
+            # Like os.read(fd, max_size) without a max_size object per read.
+            data = read_fd(self._fileno) if self.max_size == _NATIVE_READ_SIZE else os.read(self._fileno, self.max_size)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:

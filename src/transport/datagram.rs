@@ -1,4 +1,4 @@
-//! The per-datagram read of UDP transports.
+//! Reads for datagram and pipe transports.
 //!
 //! `socket.recvfrom(max_size)` allocates a `max_size` bytes object for every
 //! datagram and shrinks it afterwards (a 256 KiB malloc, mremap and free per
@@ -58,6 +58,28 @@ pub(crate) fn recv_datagram(py: Python<'_>, fd: i32) -> PyResult<(Bound<'_, PyBy
                 }
             };
             return Ok((data, address));
+        }
+    })
+}
+
+/// `os.read(fd, 256 * 1024)` without allocating 256 KiB for every read:
+/// the bytes that arrived, copied from a scratch buffer (b"" at EOF).
+#[pyfunction]
+pub(crate) fn read_fd(py: Python<'_>, fd: i32) -> PyResult<Bound<'_, PyBytes>> {
+    SCRATCH.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        loop {
+            // SAFETY: the buffer is ours and sized.
+            let n = unsafe { libc::read(fd, buf.as_mut_ptr() as *mut _, buf.len()) };
+            if n < 0 {
+                let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+                if errno == libc::EINTR {
+                    py.check_signals()?;
+                    continue;
+                }
+                return Err(crate::errors::uv_error(-errno));
+            }
+            return Ok(PyBytes::new(py, &buf[..n as usize]));
         }
     })
 }
