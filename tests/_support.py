@@ -516,6 +516,18 @@ def proc_stat(pid):
     return fields[0], int(fields[1]), int(fields[2]), int(fields[3])
 
 
+def child_pids():
+    """Pids of this process's children (running or zombie)."""
+    me = os.getpid()
+    children = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = proc_stat(name)
+            if st is not None and st[1] == me:
+                children.add(int(name))
+    return children
+
+
 def zombie_children(pids=None):
     """Pids of this process's children that are zombies (<defunct>),
     restricted to ``pids`` when given."""

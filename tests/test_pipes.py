@@ -18,6 +18,7 @@ from _support import (
     TIMEOUT,
     RecordingProtocol,
     collect_exceptions,
+    fd_count,
     numbered_chunks,
     payload,
     run,
@@ -769,3 +770,24 @@ def test_transports_outliving_the_loop(loop_factory, fds):
         pipe = t.get_extra_info("pipe")
         pipe.close()
         t._pipe = None  # (silence the unclosed-transport warning)
+
+
+def test_many_pipes_leave_no_fds(loop):
+    async def main():
+        before = fd_count()
+        for i in range(200):
+            r, w = os.pipe()
+            rt, rp = await loop.connect_read_pipe(RecordingProtocol, open(r, "rb", buffering=0))
+            wt, wp = await loop.connect_write_pipe(RecordingProtocol, open(w, "wb", buffering=0))
+            wt.write(b"%d" % i)
+            if i % 2:
+                wt.close()
+            else:
+                wt.abort()
+            assert await asyncio.wait_for(wp.lost, TIMEOUT) is None
+            assert await asyncio.wait_for(rp.lost, TIMEOUT) is None
+            assert bytes(rp.data) == b"%d" % i
+        await asyncio.sleep(0.01)
+        assert fd_count() == before
+
+    run(loop, main())

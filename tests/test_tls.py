@@ -12,6 +12,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 
 import pytest
 
@@ -228,6 +229,7 @@ def test_tls_wrong_hostname_fails_verification(loop, server_ctx, client_ctx):
     run(loop, main())
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="StreamWriter.start_tls() is 3.11+")
 def test_start_tls_upgrades_plain_connection(loop, server_ctx, client_ctx):
     async def main():
         server_done = asyncio.get_running_loop().create_future()

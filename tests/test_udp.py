@@ -20,6 +20,7 @@ from _support import (
     TIMEOUT,
     DatagramRecorder,
     collect_exceptions,
+    fd_count,
     ipv6_loopback_works,
     payload,
     run,
@@ -712,7 +713,9 @@ def test_error_received_then_peer_comes_back(loop):
             t.sendto(b"into the void")
             item = await next_item(p)
             assert isinstance(item, ConnectionRefusedError), item
+            # As socket.recvfrom() raises it: ConnectionRefusedError(errno, strerror).
             assert item.errno == errno.ECONNREFUSED
+            assert item.strerror == os.strerror(errno.ECONNREFUSED)
             assert not t.is_closing()
             assert not p.lost.done()
             # The endpoint keeps working once the port is open again.
@@ -974,3 +977,22 @@ def test_sendto_malformed_address_is_fatal(loop):
     ctx = contexts[0][1]
     assert ctx["message"] == "Fatal write error on datagram transport"
     assert ctx["exception"] is exc
+
+
+def test_many_endpoints_leave_no_fds(loop):
+    async def main():
+        t, p = await loop.create_datagram_endpoint(DatagramRecorder, local_addr=("127.0.0.1", 0))
+        await close_and_wait(t, p)
+        before = fd_count()
+        for i in range(200):
+            if i % 2:
+                t, p = await loop.create_datagram_endpoint(DatagramRecorder, local_addr=("127.0.0.1", 0))
+                t.close()
+            else:
+                t, p = await loop.create_datagram_endpoint(DatagramRecorder, remote_addr=("127.0.0.1", 9))
+                t.abort()
+            assert await asyncio.wait_for(p.lost, TIMEOUT) is None
+        await asyncio.sleep(0.01)
+        assert fd_count() == before
+
+    run(loop, main())

@@ -46,6 +46,7 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
         self._buffer = collections.deque()
         self._buffer_size = 0
         self._closing = False
+        self._paused = False
         self._conn_lost = 0
         self._writer_registered = False
         loop._transports[self._sock_fd] = self
@@ -75,8 +76,25 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
     # -- reading --------------------------------------------------------------
 
     def _start_reading(self):
-        if not self._closing and self._sock is not None:
+        if not self._closing and not self._paused and self._sock is not None:
             self._loop._set_fd_handler(self._sock_fd, False, self._read_ready, ())
+
+    # asyncio's datagram transports can pause reading too (undocumented).
+    def is_reading(self):
+        return not self._paused and not self._closing
+
+    def pause_reading(self):
+        if self._closing or self._paused:
+            return
+        self._paused = True
+        if not self._loop.is_closed():
+            self._loop._clear_fd_handler(self._sock_fd, False)
+
+    def resume_reading(self):
+        if self._closing or not self._paused:
+            return
+        self._paused = False
+        self._start_reading()
 
     def _read_ready(self):
         if self._conn_lost:
