@@ -197,7 +197,7 @@ struct GaiRequest {
 /// The name of the system EAI_* code for a libuv UV_EAI_* code.
 fn eai_name(code: i32) -> &'static str {
     use sys::*;
-    let c = |v: uv_errno_t| v as i32;
+    let c = |v: uv_errno_t| v;
     match code {
         x if x == c(uv_errno_t_UV_EAI_ADDRFAMILY) => "EAI_ADDRFAMILY",
         x if x == c(uv_errno_t_UV_EAI_AGAIN) => "EAI_AGAIN",

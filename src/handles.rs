@@ -549,6 +549,7 @@ pub(crate) enum Ready {
 impl Ready {
     /// # Safety
     /// GIL held; the reference must not live across a call into Python.
+    #[allow(clippy::mut_from_ref)]
     #[inline]
     pub(crate) unsafe fn core(&self) -> &mut HandleCore {
         unsafe {

@@ -362,6 +362,8 @@ impl LoopCore {
         Ok(())
     }
 
+    /// The open loop's libuv parts (same borrowing rules as `st`).
+    #[allow(clippy::mut_from_ref)]
     fn parts(&self) -> PyResult<&mut UvParts> {
         unsafe { self.st().uv.as_mut() }.ok_or_else(closed_error)
     }

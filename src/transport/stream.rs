@@ -156,6 +156,8 @@ impl StreamCore {
         unsafe { self.st().handle.as_ref().map(|h| h.raw() as *mut sys::uv_stream_t) }
     }
 
+    /// The loop state (GIL held; same borrowing rules as `st`).
+    #[allow(clippy::mut_from_ref)]
     fn loop_state(&self) -> &mut LoopState {
         unsafe { &mut *self.st().loop_state }
     }
@@ -307,7 +309,7 @@ impl StreamCore {
             })
             .collect();
         let n = unsafe { sys::uv_try_write(stream, bufs.as_ptr(), bufs.len() as u32) };
-        if n < 0 && n != sys::uv_errno_t_UV_EAGAIN as i32 {
+        if n < 0 && n != sys::uv_errno_t_UV_EAGAIN {
             let dropped: Vec<Chunk> = st.queue.drain(..).collect();
             st.queued_bytes = 0;
             drop(dropped);
@@ -529,7 +531,7 @@ impl StreamCore {
         let st = unsafe { self.st() };
         st.writing = false;
         st.in_flight_bytes = st.in_flight_bytes.saturating_sub(bytes);
-        if status == sys::uv_errno_t_UV_ECANCELED as i32 || st.handle.is_none() {
+        if status == sys::uv_errno_t_UV_ECANCELED || st.handle.is_none() {
             return Ok(());
         }
         if status < 0 {
