@@ -12,6 +12,7 @@ import sys
 from asyncio import constants, futures, transports, trsock
 from asyncio.log import logger
 
+from ._fdtransport import FdTransportMixin, socket_extra
 from ._zuvrs import recv_datagram
 
 __all__ = ("DatagramTransport",)
@@ -22,23 +23,15 @@ _SENDS_EMPTY = sys.version_info >= (3, 13)
 _HEADER_SIZE = 8 if _SENDS_EMPTY else 0
 
 
-class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport):
+class DatagramTransport(FdTransportMixin, transports._FlowControlMixin, asyncio.DatagramTransport):
     max_size = 256 * 1024  # largest datagram read at once
 
     def __init__(self, loop, sock, protocol, address=None, waiter=None, extra=None):
         super().__init__(extra, loop)
         self._extra["socket"] = trsock.TransportSocket(sock)
-        try:
-            self._extra["sockname"] = sock.getsockname()
-        except OSError:
-            self._extra["sockname"] = None
-        if "peername" not in self._extra:
-            try:
-                self._extra["peername"] = sock.getpeername()
-            except OSError:
-                self._extra["peername"] = None
+        socket_extra(self._extra, sock)
         self._sock = sock
-        self._sock_fd = sock.fileno()
+        self._sock_fd = self._fd = sock.fileno()
         # IP datagrams are read natively (no 256 KiB bytes per packet).
         self._native_recv = sock.family in (socket.AF_INET, socket.AF_INET6)
         self._protocol = protocol
@@ -48,7 +41,6 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
         self._closing = False
         self._paused = False
         self._conn_lost = 0
-        self._writer_registered = False
         loop._transports[self._sock_fd] = self
         loop.call_soon(protocol.connection_made, self)
         loop.call_soon(self._start_reading)
@@ -59,17 +51,6 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
         state = "closed" if self._sock is None else ("closing" if self._closing else "open")
         return f"<{type(self).__name__} fd={self._sock_fd} {state}>"
 
-    # -- protocol ---------------------------------------------------------
-
-    def set_protocol(self, protocol):
-        self._protocol = protocol
-
-    def get_protocol(self):
-        return self._protocol
-
-    def is_closing(self):
-        return self._closing
-
     def get_write_buffer_size(self):
         return self._buffer_size
 
@@ -77,7 +58,7 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
 
     def _start_reading(self):
         if not self._closing and not self._paused and self._sock is not None:
-            self._loop._set_fd_handler(self._sock_fd, False, self._read_ready, ())
+            self._watch_readable(self._read_ready)
 
     # asyncio's datagram transports can pause reading too (undocumented).
     def is_reading(self):
@@ -87,8 +68,7 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
         if self._closing or self._paused:
             return
         self._paused = True
-        if not self._loop.is_closed():
-            self._loop._clear_fd_handler(self._sock_fd, False)
+        self._unwatch_readable()
 
     def resume_reading(self):
         if self._closing or not self._paused:
@@ -136,7 +116,7 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
                 self._send(data, addr)
                 return
             except (BlockingIOError, InterruptedError):
-                self._watch_writable()
+                self._watch_writable(self._sendto_ready)
             except OSError as exc:
                 self._protocol.error_received(exc)
                 return
@@ -155,17 +135,6 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
             self._sock.send(data)
         else:
             self._sock.sendto(data, addr)
-
-    def _watch_writable(self):
-        if not self._writer_registered:
-            self._writer_registered = True
-            self._loop._set_fd_handler(self._sock_fd, True, self._sendto_ready, ())
-
-    def _unwatch_writable(self):
-        if self._writer_registered:
-            self._writer_registered = False
-            if not self._loop.is_closed():
-                self._loop._clear_fd_handler(self._sock_fd, True)
 
     def _sendto_ready(self):
         while self._buffer:
@@ -197,8 +166,7 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
         if self._closing:
             return
         self._closing = True
-        if not self._loop.is_closed():
-            self._loop._clear_fd_handler(self._sock_fd, False)
+        self._unwatch_readable()
         if not self._buffer:
             self._conn_lost += 1
             self._unwatch_writable()
@@ -208,13 +176,7 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
         self._force_close(None)
 
     def _fatal_error(self, exc, message="Fatal error on transport"):
-        if isinstance(exc, OSError):
-            if self._loop.get_debug():
-                logger.debug("%r: %s", self, message, exc_info=True)
-        else:
-            self._loop.call_exception_handler(
-                {"message": message, "exception": exc, "transport": self, "protocol": self._protocol}
-            )
+        self._report_fatal(exc, message, quiet=isinstance(exc, OSError))
         self._force_close(exc)
 
     def _force_close(self, exc):
@@ -226,8 +188,7 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
             self._unwatch_writable()
         if not self._closing:
             self._closing = True
-            if not self._loop.is_closed():
-                self._loop._clear_fd_handler(self._sock_fd, False)
+            self._unwatch_readable()
         self._conn_lost += 1
         self._loop.call_soon(self._call_connection_lost, exc)
 

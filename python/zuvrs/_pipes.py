@@ -10,6 +10,7 @@ import stat
 from asyncio import constants, futures, transports
 from asyncio.log import logger
 
+from ._fdtransport import FdTransportMixin
 from ._zuvrs import read_fd
 
 __all__ = ("ReadPipeTransport", "WritePipeTransport")
@@ -22,7 +23,7 @@ def _pipe_mode(fileno):
     return os.fstat(fileno).st_mode
 
 
-class ReadPipeTransport(transports.ReadTransport):
+class ReadPipeTransport(FdTransportMixin, transports.ReadTransport):
     max_size = 256 * 1024  # most bytes read per readiness event
 
     def __init__(self, loop, pipe, protocol, waiter=None, extra=None):
@@ -30,13 +31,13 @@ class ReadPipeTransport(transports.ReadTransport):
         self._extra["pipe"] = pipe
         self._loop = loop
         self._pipe = pipe
-        self._fileno = pipe.fileno()
+        self._fileno = self._fd = pipe.fileno()
         self._protocol = protocol
         self._closing = False
         self._paused = False
         mode = _pipe_mode(self._fileno)
         if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)):
-            self._pipe = self._fileno = self._protocol = None
+            self._pipe = self._fileno = self._fd = self._protocol = None
             raise ValueError("Pipe transport is for pipes/sockets only.")
         os.set_blocking(self._fileno, False)
         loop.call_soon(protocol.connection_made, self)
@@ -50,11 +51,7 @@ class ReadPipeTransport(transports.ReadTransport):
 
     def _watch(self):
         if self.is_reading():
-            self._loop._set_fd_handler(self._fileno, False, self._read_ready, ())
-
-    def _unwatch(self):
-        if self._fileno is not None and not self._loop.is_closed():
-            self._loop._clear_fd_handler(self._fileno, False)
+            self._watch_readable(self._read_ready)
 
     def _read_ready(self):
         try:
@@ -71,7 +68,7 @@ class ReadPipeTransport(transports.ReadTransport):
         if self._loop.get_debug():
             logger.info("%r was closed by peer", self)
         self._closing = True
-        self._unwatch()
+        self._unwatch_readable()
         self._loop.call_soon(self._protocol.eof_received)
         self._loop.call_soon(self._call_connection_lost, None)
 
@@ -82,7 +79,7 @@ class ReadPipeTransport(transports.ReadTransport):
         if not self.is_reading():
             return
         self._paused = True
-        self._unwatch()
+        self._unwatch_readable()
 
     def resume_reading(self):
         if self._closing or not self._paused:
@@ -90,32 +87,17 @@ class ReadPipeTransport(transports.ReadTransport):
         self._paused = False
         self._watch()
 
-    def set_protocol(self, protocol):
-        self._protocol = protocol
-
-    def get_protocol(self):
-        return self._protocol
-
-    def is_closing(self):
-        return self._closing
-
     def close(self):
         if not self._closing:
             self._close(None)
 
     def _fatal_error(self, exc, message="Fatal error on pipe transport"):
-        if isinstance(exc, OSError) and exc.errno == errno.EIO:
-            if self._loop.get_debug():
-                logger.debug("%r: %s", self, message, exc_info=True)
-        else:
-            self._loop.call_exception_handler(
-                {"message": message, "exception": exc, "transport": self, "protocol": self._protocol}
-            )
+        self._report_fatal(exc, message, quiet=isinstance(exc, OSError) and exc.errno == errno.EIO)
         self._close(exc)
 
     def _close(self, exc):
         self._closing = True
-        self._unwatch()
+        self._unwatch_readable()
         self._loop.call_soon(self._call_connection_lost, exc)
 
     def _call_connection_lost(self, exc):
@@ -127,21 +109,20 @@ class ReadPipeTransport(transports.ReadTransport):
             self._protocol = None
 
 
-class WritePipeTransport(transports._FlowControlMixin, transports.WriteTransport):
+class WritePipeTransport(FdTransportMixin, transports._FlowControlMixin, transports.WriteTransport):
     def __init__(self, loop, pipe, protocol, waiter=None, extra=None):
         super().__init__(extra, loop)
         self._extra["pipe"] = pipe
         self._pipe = pipe
-        self._fileno = pipe.fileno()
+        self._fileno = self._fd = pipe.fileno()
         self._protocol = protocol
         self._buffer = bytearray()
         self._conn_lost = 0
         self._closing = False  # close() or write_eof() called
-        self._writer_watched = False
         mode = _pipe_mode(self._fileno)
         is_socket = stat.S_ISSOCK(mode)
         if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or is_socket):
-            self._pipe = self._fileno = self._protocol = None
+            self._pipe = self._fileno = self._fd = self._protocol = None
             raise ValueError("Pipe transport is only for pipes, sockets and character devices")
         os.set_blocking(self._fileno, False)
         loop.call_soon(protocol.connection_made, self)
@@ -190,24 +171,9 @@ class WritePipeTransport(transports._FlowControlMixin, transports.WriteTransport
                 return
             if n > 0:
                 data = memoryview(data)[n:]
-            self._watch_writable()
+            self._watch_writable(self._write_ready)
         self._buffer += data
         self._maybe_pause_protocol()
-
-    def _watch_writable(self):
-        if not self._writer_watched:
-            self._writer_watched = True
-            self._loop._set_fd_handler(self._fileno, True, self._write_ready, ())
-
-    def _unwatch_writable(self):
-        if self._writer_watched:
-            self._writer_watched = False
-            if not self._loop.is_closed():
-                self._loop._clear_fd_handler(self._fileno, True)
-
-    def _unwatch_reader(self):
-        if self._fileno is not None and not self._loop.is_closed():
-            self._loop._clear_fd_handler(self._fileno, False)
 
     def _write_ready(self):
         try:
@@ -227,7 +193,7 @@ class WritePipeTransport(transports._FlowControlMixin, transports.WriteTransport
             self._unwatch_writable()
             self._maybe_resume_protocol()  # may write more
             if self._closing and not self._buffer:
-                self._unwatch_reader()
+                self._unwatch_readable()
                 self._call_connection_lost(None)
             return
         if n > 0:
@@ -241,17 +207,8 @@ class WritePipeTransport(transports._FlowControlMixin, transports.WriteTransport
             return
         self._closing = True
         if not self._buffer:
-            self._unwatch_reader()
+            self._unwatch_readable()
             self._loop.call_soon(self._call_connection_lost, None)
-
-    def set_protocol(self, protocol):
-        self._protocol = protocol
-
-    def get_protocol(self):
-        return self._protocol
-
-    def is_closing(self):
-        return self._closing
 
     def close(self):
         if self._pipe is not None and not self._closing:
@@ -262,20 +219,14 @@ class WritePipeTransport(transports._FlowControlMixin, transports.WriteTransport
         self._close(None)
 
     def _fatal_error(self, exc, message="Fatal error on pipe transport"):
-        if isinstance(exc, OSError):
-            if self._loop.get_debug():
-                logger.debug("%r: %s", self, message, exc_info=True)
-        else:
-            self._loop.call_exception_handler(
-                {"message": message, "exception": exc, "transport": self, "protocol": self._protocol}
-            )
+        self._report_fatal(exc, message, quiet=isinstance(exc, OSError))
         self._close(exc)
 
     def _close(self, exc=None):
         self._closing = True
         self._unwatch_writable()
         self._buffer.clear()
-        self._unwatch_reader()
+        self._unwatch_readable()
         self._loop.call_soon(self._call_connection_lost, exc)
 
     def _call_connection_lost(self, exc):

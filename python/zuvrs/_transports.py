@@ -13,6 +13,7 @@ from asyncio import constants, futures, protocols, transports, trsock
 from asyncio.log import logger
 
 from . import _zuvrs
+from ._fdtransport import socket_extra
 from ._server import NATIVE_CLIENT_TRACKING, Server
 
 __all__ = ("SocketTransport",)
@@ -76,15 +77,7 @@ class SocketTransport(transports._FlowControlMixin):
     def __init__(self, loop, sock, protocol, waiter=None, extra=None, server=None):
         asyncio.BaseTransport.__init__(self, extra)
         self._extra["socket"] = trsock.TransportSocket(sock)
-        try:
-            self._extra["sockname"] = sock.getsockname()
-        except OSError:
-            self._extra["sockname"] = None
-        if "peername" not in self._extra:
-            try:
-                self._extra["peername"] = sock.getpeername()
-            except OSError:
-                self._extra["peername"] = None
+        socket_extra(self._extra, sock)
         _set_nodelay(sock)
         self._loop = loop
         self._sock = sock
