@@ -10,7 +10,8 @@ excluded), ops, parity, expected, ok, peak RSS (ru_maxrss) before and after
 the workload, GC state. Probe: whether the loop imports, its version, where
 it was loaded from and any build information it exposes.
 Exit status: 0 if the sample ran and its parity matched, 3 on a parity
-mismatch, 2 if the loop is unavailable, 1 on an exception.
+mismatch, 2 if the loop is unavailable, 4 if the loop does not support what
+the workload needs (workloads.Unsupported), 1 on an exception.
 """
 
 from __future__ import annotations
@@ -202,9 +203,22 @@ def sample(name: str, workload: str, size: int, no_gc: bool,
         out["build_id"] = ";".join(
             f"{os.path.basename(e['file'])}:{e['bytes']}:{e['mtime']}"
             for e in _extensions(mod)) if mod is not None else None
+        # and its build profile, if exposed (a debug build installed in the
+        # middle of a run must not pass for a release one)
+        if mod is not None:
+            for k, v in _build_info(mod).items():
+                if "profile" in k.lower() and isinstance(v, str):
+                    out["build_profile"] = v
+                    break
     out["rss_start"] = _maxrss_bytes()
     try:
         res = workloads.run_workload(workload, factory, size)
+    except workloads.Unsupported as exc:
+        out.update(ok=False, error_kind="unsupported",
+                   error=f"unsupported: {exc}"[:500],
+                   rss_peak=_maxrss_bytes())
+        _emit(out)
+        return 4
     except BaseException as exc:
         out.update(ok=False, error_kind="exception",
                    error=f"{type(exc).__name__}: {exc}"[:500],
@@ -217,10 +231,19 @@ def sample(name: str, workload: str, size: int, no_gc: bool,
     out.update(_jsonable(res))
     if not res["ok"]:
         out["error_kind"] = "parity"
-        out["error"] = (f"parity mismatch: got {res['parity']}, "
-                        f"expected {res['expected']}")
+        got, exp = res["parity"], res["expected"]
+        diff = [f"{k} {got.get(k)!r} (expected {exp.get(k)!r})"
+                for k in sorted(set(got) | set(exp)) if got.get(k) != exp.get(k)]
+        out["error"] = ("parity mismatch: " + ", ".join(diff) if diff else
+                        f"parity as expected ({got}) but the loop reported errors")
         if res.get("loop_errors"):
             out["error"] += f"; loop errors: {res['loop_errors']}"
+        guard = (res.get("info") or {}).get("guard")
+        timeouts = (res.get("info") or {}).get("timeouts")
+        if guard:
+            out["error"] += f"; {guard}"
+        if timeouts:
+            out["error"] += f"; {'; '.join(timeouts)}"
         _emit(out)
         return 3
     _emit(out)
@@ -238,6 +261,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-gc", action="store_true",
                     help="diagnostic only: disable the cyclic GC")
     ap.add_argument("--cpus", help="pin this process to these CPUs, e.g. 0 or 0,1")
+    ap.add_argument("--no-prelude", action="store_true",
+                    help="diagnostic only: skip the untimed connection that "
+                         "network workloads make first (workloads._prelude)")
     a = ap.parse_args(argv)
     if a.probe_env:
         return probe_env()
@@ -246,6 +272,8 @@ def main(argv=None) -> int:
     if not (a.loop and a.workload):
         ap.error("--loop and --workload are required (or --probe)")
     size = a.size if a.size is not None else workloads.WORKLOADS[a.workload][1]
+    if a.no_prelude:
+        workloads.NETWORK_PRELUDE = False
     return sample(a.loop, a.workload, size, a.no_gc, a.cpus)
 
 

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Compare event loops on the scheduling workloads, one fresh process per sample.
+"""Compare event loops on the scheduling and network workloads, one fresh
+process per sample.
 
 Usage (from the repository root)::
 
     python3 benchmarks/compare.py                 # all loops, all workloads, 5 samples
-    python3 benchmarks/compare.py --quick         # ~1-2 minutes: 3 samples, half sizes
+    python3 benchmarks/compare.py --quick         # ~4-5 minutes: 3 samples, half sizes
     python3 benchmarks/compare.py --loops uvloop,zuvrs --workloads call_soon,timers_fire
     python3 benchmarks/compare.py --samples 9 --json run.json --markdown run.md
     python3 benchmarks/compare.py --size call_soon=200000 --timeout 60
+    python3 benchmarks/compare.py --quick --workloads tcp_echo_streams,tcp_echo_protocol,tcp_bulk,unix_echo_streams,short_connections,getaddrinfo_numeric,split_writes_one,split_writes_two
 
 What it does:
 
@@ -18,9 +20,11 @@ What it does:
   from round to round, each sample in a fresh ``benchmarks/_sample.py``
   process with the default GC settings.
 * A sample counts only if its parity (callbacks counted, checksums, timer
-  order) equals the expected value. Timeouts (the process group is killed),
-  crashes, exceptions and parity mismatches are recorded and shown in the
-  table cell of that loop; nothing is retried.
+  order, bytes echoed and checksummed, responses verified, closes seen)
+  equals the expected value. Timeouts (the process group is killed),
+  crashes, exceptions, parity mismatches and "unsupported" (a loop lacking
+  what the workload needs, e.g. rloop and Unix sockets) are recorded and
+  shown in the table cell of that loop; nothing is retried.
 * Output: a summary table (median ops/s per loop, ratios zuvrs/uvloop,
   zuvrs/asyncio, zuvrs/rloop from medians), the ratios over uvloop, and per
   workload the median, min, max and CV of the throughput, the median time,
@@ -28,7 +32,10 @@ What it does:
   the RSS before the workload), and the errors; then a provenance block
   (Python build, package versions, zuvrs commit and build, OS, CPU, affinity,
   GC, sizes). A ratio marked ``~`` is a tie: the two loops' min..max ranges
-  of throughput overlap.
+  of throughput overlap. Network workloads also list, per loop, the socket
+  options the loop left (TCP_NODELAY, SO_SNDBUF, SO_RCVBUF) and how reads
+  were split; with both split_writes workloads, a "split / single" table
+  gives each loop's throughput with two writes per response over one.
 * Each sample records which build of its loop it ran (size and mtime of the
   extension module); if a loop was reinstalled during the run, or the load
   average says the machine was busy, the report says so at the top. A
@@ -36,12 +43,21 @@ What it does:
   is flagged too.
 * stdout gets the markdown; progress lines go to stderr as samples finish.
 
+Network workloads first make one untimed connection on a throwaway loop
+of the same kind (``workloads._prelude``): without it, asyncio's first
+connection in a fresh process runs at about half speed (glibc mmap()s,
+mremap()s and munmap()s its 256 KiB read buffers on every read until the
+first EOF read frees one whole), which no long-running server sees.
+``--no-prelude`` turns it off (diagnostic).
+
 Options: ``--loops``, ``--workloads``, ``--samples K`` (default 5),
-``--warmups`` (default 1), ``--quick`` (3 samples, half sizes, about a
-minute with four loops), ``--scale F`` / ``--size NAME=N``
+``--warmups`` (default 1), ``--quick`` (3 samples, half sizes: about 1-2
+minutes for the scheduling workloads and 2-3 for the network ones with four
+loops; rloop's network failures cost 2-5 s each), ``--scale F`` / ``--size NAME=N``
 (sizes), ``--timeout S`` (per sample), ``--cpus 0`` (pin every sample),
 ``--python PATH`` (interpreter for samples), ``--no-gc`` (diagnostic only,
-never a headline), ``--json out.json``, ``--markdown out.md``.
+never a headline), ``--no-prelude`` (diagnostic), ``--json out.json``,
+``--markdown out.md``.
 
 Workloads (default sizes; ``benchmarks/workloads.py``, shared with the
 pytest-codspeed suite ``benchmarks/test_benchmarks.py``)::
@@ -56,6 +72,21 @@ pytest-codspeed suite ``benchmarks/test_benchmarks.py``)::
     sleep0_one_task  one task doing 200,000 sleep(0)
     threadsafe       200,000 call_soon_threadsafe from another thread
     task_fanout      gather() of 100,000 small coroutines
+
+    network (server and client on the loop under test, one process):
+    tcp_echo_streams    20,000 round trips of 1 KiB, one TCP connection on
+                        127.0.0.1, asyncio streams both ends, CRC-32 checked
+    tcp_echo_protocol   the same with asyncio.Protocol on both ends
+    tcp_bulk            1,024 MiB over one TCP connection (streams write +
+                        drain -> Protocol), throughput in MiB/s
+    unix_echo_streams   tcp_echo_streams over a Unix socket in a temp dir
+    short_connections   8,000 connections, 16 concurrent, request + reply
+                        + close each
+    getaddrinfo_numeric 20,000 loop.getaddrinfo('127.0.0.1', 80), half
+                        with type=SOCK_STREAM, answers compared with libc's
+    split_writes_one    20,000 request / 1 KiB response round trips, the
+                        Protocol server answers with one write()
+    split_writes_two    the same with two writes (header, then body)
 
 Time = loop creation + work + loop.close(), measured inside the sample;
 parity checks run after the clock stops. The plain test run
@@ -148,13 +179,16 @@ def _signame(rc: int) -> str:
 
 
 def run_sample(python: str, loop: str, workload: str, size: int,
-               timeout: float, cpus: Optional[str], no_gc: bool) -> Dict[str, Any]:
+               timeout: float, cpus: Optional[str], no_gc: bool,
+               no_prelude: bool = False) -> Dict[str, Any]:
     cmd = [python, SAMPLE, "--loop", loop, "--workload", workload,
            "--size", str(size)]
     if cpus:
         cmd += ["--cpus", cpus]
     if no_gc:
         cmd.append("--no-gc")
+    if no_prelude:
+        cmd.append("--no-prelude")
     r = _run_child(cmd, timeout)
     s: Dict[str, Any] = dict(r["json"] or {})
     s.setdefault("loop", loop)
@@ -361,6 +395,65 @@ def build_profile(probe: Dict[str, Any]) -> Optional[str]:
     return None
 
 
+def _fmt_sock(d: Any) -> str:
+    if not isinstance(d, dict):
+        return repr(d)
+    if "error" in d or d.get("socket", 0) is None:
+        return d.get("error") or "no socket exposed"
+    parts = []
+    if "nodelay" in d:
+        parts.append(f"nodelay={d['nodelay']}")
+    parts += [f"{k}={d[k]}" for k in ("sndbuf", "rcvbuf") if k in d]
+    return " ".join(parts)
+
+
+def info_lines(wr: Dict[str, Any], loops: List[str]) -> List[str]:
+    """Per loop, what the network workloads report besides parity: socket
+    options as the loop left them (from the first sample that has them) and
+    the median of numeric notes (reads per response, ...) over good
+    samples; flags socket options that differ between loops."""
+    lines: List[str] = []
+    socks: Dict[str, str] = {}
+    for l in loops:
+        samples = wr["samples"].get(l, [])
+        infos = [s.get("info") for s in samples if isinstance(s.get("info"), dict)]
+        if not infos:
+            continue
+        parts = []
+        for side in ("client_socket", "server_socket"):
+            d = next((i[side] for i in infos if side in i), None)
+            if d is not None:
+                parts.append(f"{side.split('_')[0]} {_fmt_sock(d)}")
+        if parts:
+            socks[l] = "; ".join(parts)
+        good = [s["info"] for s in samples
+                if s.get("ok") and isinstance(s.get("info"), dict)]
+        keys = sorted({k for i in good for k, v in i.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        for k in keys:
+            vals = [i[k] for i in good if isinstance(i.get(k), (int, float))]
+            parts.append(f"{k} {statistics.median(vals):g}")
+        # textual notes (a prelude that failed, a first mismatch, ...)
+        texts: Dict[str, str] = {}
+        for i in infos:
+            for k, v in i.items():
+                if isinstance(v, str) and not (k == "prelude" and v in ("ok", "off")):
+                    texts.setdefault(k, v)
+        prel = {i.get("prelude") for i in infos} - {None}
+        if prel == {"off"}:
+            parts.append("prelude off")
+        parts += [f"{k}: {v[:200]}" for k, v in sorted(texts.items())]
+        if parts:
+            lines.append(f"- {l}: " + ", ".join(parts))
+    if len(set(socks.values())) > 1:
+        lines.append("- **socket options differ between loops** (see above): "
+                     "the loops did not do the same work at the kernel level.")
+    if lines:
+        lines.insert(0, "Per loop: socket options as the loop left them "
+                        "(client, server), and notes (medians over good samples):")
+    return lines
+
+
 def render_markdown(report: Dict[str, Any]) -> str:
     loops: List[str] = report["loops"]
     unavailable: Dict[str, str] = report["unavailable"]
@@ -369,7 +462,7 @@ def render_markdown(report: Dict[str, Any]) -> str:
     L: List[str] = []
     gc_note = ("GC **OFF**: DIAGNOSTIC run, not a headline"
                if report["config"]["no_gc"] else "GC on (default)")
-    L.append(f"# zuvrs scheduling benchmarks ({report['started']})")
+    L.append(f"# zuvrs loop benchmarks ({report['started']})")
     L.append("")
     L.append(f"{report['config']['samples']} samples per loop and workload, "
              f"each in a fresh process, {report['config']['warmups']} warm-up "
@@ -381,6 +474,10 @@ def render_markdown(report: Dict[str, Any]) -> str:
              "`*` marks a ratio over a cell with failed samples.")
     L.append("")
     notes = [f"- **{l}**: {why}" for l, why in unavailable.items()]
+    if report["config"].get("no_prelude"):
+        notes.append("- **network prelude OFF: DIAGNOSTIC run** (each sample's "
+                     "first connection is the timed one; asyncio then pays "
+                     "allocator transients, see workloads._prelude)")
     for l, ids in report.get("builds_seen", {}).items():
         if len(ids) > 1:
             notes.append(f"- **{l} was rebuilt during this run**: samples ran "
@@ -393,11 +490,24 @@ def render_markdown(report: Dict[str, Any]) -> str:
         notes.append(f"- load average {busy[0][0]:.2f} at start, "
                      f"{busy[-1][0]:.2f} at end on {ncpu} cores: the machine "
                      f"may have been busy with other work.")
+    release = ("release", "release-lto", "lto", "bench")
     for l in avail:
         prof = build_profile(report["provenance"]["loops"].get(l, {}))
-        if prof and prof.lower() not in ("release", "release-lto", "lto", "bench"):
+        if prof and prof.lower() not in release:
             notes.append(f"- **{l} is a `{prof}` build**: its numbers say little "
                          f"about a release build.")
+        # the profile each sample saw (the build may change during a run)
+        odd: Dict[str, List[str]] = {}
+        for w, wr in report["results"].items():
+            for s in wr["samples"].get(l, []):
+                p = s.get("build_profile")
+                if p and p.lower() not in release and w not in odd.setdefault(p, []):
+                    odd[p].append(w)
+        for p, ws in odd.items():
+            if p != prof:
+                notes.append(f"- **some {l} samples ran a `{p}` build** (workloads: "
+                             f"{', '.join(ws)}): their numbers say little about a "
+                             f"release build.")
     if notes:
         L.extend(notes)
         L.append("")
@@ -413,7 +523,8 @@ def render_markdown(report: Dict[str, Any]) -> str:
     L.append("| " + " | ".join(head) + " |")
     L.append("|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|")
     for w, wr in res.items():
-        cells = [w, f"{wr['size']:,}"]
+        cells = [w, f"{wr['size']:,}" + (f" {workloads.UNITS[w]}"
+                                         if w in workloads.UNITS else "")]
         for l in loops:
             st = wr["stats"].get(l)
             bad = status_text(st, unavailable.get(l) and "not installed")
@@ -446,13 +557,36 @@ def render_markdown(report: Dict[str, Any]) -> str:
             L.append("| " + " | ".join(cells) + " |")
         L.append("")
 
+    # ---- split / single ----
+    one, two = workloads.SPLIT_PAIR
+    if one in res and two in res:
+        L.append("## Split writes: split / single (median throughput)")
+        L.append("")
+        L.append(f"Each response sent as two writes (`{two}`) over one write "
+                 f"(`{one}`), per loop: 1.00x means splitting costs nothing.")
+        L.append("")
+        L.append("| loop | one write | two writes | split / single |")
+        L.append("|---|---:|---:|---:|")
+        for l in loops:
+            if l in unavailable:
+                L.append(f"| {l} | not installed | | |")
+                continue
+            a, b = res[one]["stats"].get(l), res[two]["stats"].get(l)
+            cells = [l]
+            for st in (a, b):
+                bad = status_text(st, None)
+                cells.append(bad if bad else fmt_rate(st["median"]))
+            cells.append(ratio(b, a))
+            L.append("| " + " | ".join(cells) + " |")
+        L.append("")
+
     # ---- details ----
     L.append("## Details per workload")
     L.append("")
     for w, wr in res.items():
         L.append(f"### {w}: {wr['size']:,} {wr['description']}")
         L.append("")
-        L.append("| loop | median ops/s | min | max | CV | median time (s) "
+        L.append(f"| loop | median {workloads.UNITS.get(w, 'ops')}/s | min | max | CV | median time (s) "
                  "| peak RSS (MiB) | RSS growth (MiB) | samples ok | errors |")
         L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for l in loops:
@@ -476,6 +610,10 @@ def render_markdown(report: Dict[str, Any]) -> str:
         if wr.get("parity_disagreement"):
             L.append("")
             L.append(f"**Parity disagreement between loops**: {wr['parity_disagreement']}")
+        info = info_lines(wr, [l for l in loops if l in avail])
+        if info:
+            L.append("")
+            L.extend(info)
         if has_z and "zuvrs" in avail:
             z = wr["stats"].get("zuvrs")
             parts = []
@@ -551,7 +689,8 @@ def render_markdown(report: Dict[str, Any]) -> str:
     L.append(f"load average   start {m.get('loadavg_start')} end {m.get('loadavg_end')}")
     L.append(f"samples        {report['config']['samples']} per cell, "
              f"warm-ups {report['config']['warmups']}, timeout {report['config']['timeout']:g} s, "
-             f"cpus {report['config']['cpus'] or 'not pinned'}")
+             f"cpus {report['config']['cpus'] or 'not pinned'}, network prelude "
+             f"{'OFF' if report['config'].get('no_prelude') else 'on'}")
     L.append("sizes          " + ", ".join(f"{w}={wr['size']:,}" for w, wr in res.items()))
     L.append("```")
     L.append("")
@@ -576,7 +715,7 @@ def _csv(s: str) -> List[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(
-        description="Compare event loops on scheduling workloads "
+        description="Compare event loops on scheduling and network workloads "
                     "(fresh process per sample).",
         epilog="See the module docstring for details.")
     ap.add_argument("--loops", default=",".join(workloads.LOOP_NAMES),
@@ -589,7 +728,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="warm-up processes per loop and workload, not counted")
     ap.add_argument("--quick", action="store_true",
                     help=f"{QUICK_SAMPLES} samples and sizes x{QUICK_SCALE} "
-                         "(about 2 minutes for everything)")
+                         "(about 4-5 minutes for everything)")
     ap.add_argument("--scale", type=float, default=None,
                     help="multiply every default size by this")
     ap.add_argument("--size", action="append", default=[], metavar="NAME=N",
@@ -602,6 +741,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="interpreter that runs the samples (default: this one)")
     ap.add_argument("--no-gc", action="store_true",
                     help="DIAGNOSTIC: disable the GC in samples (never a headline)")
+    ap.add_argument("--no-prelude", action="store_true",
+                    help="DIAGNOSTIC: network workloads skip their untimed "
+                         "first connection (see workloads._prelude)")
     ap.add_argument("--json", metavar="PATH", help="write all data as JSON")
     ap.add_argument("--markdown", metavar="PATH", help="also write the markdown here")
     a = ap.parse_args(argv)
@@ -672,7 +814,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             else:
                 order = []
             for l in order:
-                s = run_sample(a.python, l, w, size, timeout, a.cpus, a.no_gc)
+                s = run_sample(a.python, l, w, size, timeout, a.cpus, a.no_gc,
+                               a.no_prelude)
                 done += 1
                 if "gc_enabled" in s:
                     gc_seen.add(s["gc_enabled"])
@@ -727,7 +870,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "unavailable": unavailable,
         "config": {"samples": samples_k, "warmups": a.warmups, "quick": a.quick,
                    "scale": scale, "timeout": timeout, "cpus": a.cpus,
-                   "no_gc": a.no_gc, "sizes": sizes},
+                   "no_gc": a.no_gc, "no_prelude": a.no_prelude, "sizes": sizes},
         "gc_in_samples": ("enabled" if gc_seen == {True} else
                           "DISABLED" if gc_seen == {False} else
                           "mixed" if gc_seen else "n/a"),

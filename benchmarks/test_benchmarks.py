@@ -1,10 +1,12 @@
-"""pytest-codspeed suite: every scheduling workload on every loop.
+"""pytest-codspeed suite: every scheduling and network workload on every loop.
 
     python3 -m pytest benchmarks -q                # plain tests: bodies + parity
     python3 -m pytest benchmarks --codspeed        # timings (pytest-codspeed)
 
 Each benchmark is parametrised by loop (asyncio, uvloop, rloop, zuvrs); a
-loop whose package is not importable is skipped. Sizes are small so that
+loop whose package is not importable is skipped, and so is a loop that does
+not support a workload (workloads.Unsupported: rloop has no Unix sockets).
+A network workload runs its server and client on the loop under test. Sizes are small so that
 the plain run takes a few seconds; ZUVRS_BENCH_SCALE=<float> multiplies
 them, ZUVRS_BENCH_LOOPS=asyncio,zuvrs restricts the loops. The workload bodies are shared with compare.py (workloads.py); the
 cross-loop comparison in fresh processes is compare.py's job.
@@ -30,6 +32,14 @@ SIZES = {
     "sleep0_one_task": 5_000,
     "threadsafe": 5_000,
     "task_fanout": 5_000,
+    "tcp_echo_streams": 500,
+    "tcp_echo_protocol": 500,
+    "tcp_bulk": 4,  # MiB
+    "unix_echo_streams": 500,
+    "short_connections": 64,  # four rounds of 16 concurrent
+    "getaddrinfo_numeric": 500,
+    "split_writes_one": 500,
+    "split_writes_two": 500,
 }
 assert set(SIZES) == set(workloads.WORKLOADS), "a workload has no test size"
 
@@ -74,10 +84,45 @@ def _check(result: dict, loop_name: str) -> None:
     )
 
 
+#: (loop, workload) -> why it is expected to fail; such a failure is an
+#: xfail (not strict: a fixed loop simply passes). rloop 0.5 never delivers
+#: the peer's close: a server does not see its client's EOF, a client does
+#: not see the server's close (short_connections also loses the reply).
+_RLOOP_NO_EOF = "rloop does not deliver the peer's close (EOF)"
+KNOWN_FAILURES = {
+    ("rloop", w): _RLOOP_NO_EOF
+    for w in ("tcp_echo_streams", "tcp_echo_protocol", "tcp_bulk",
+              "short_connections", "split_writes_one", "split_writes_two")
+}
+
+
+@pytest.fixture(autouse=True)
+def _fast_network_guards(monkeypatch) -> None:
+    """Shorter stall / close waits than compare.py's, so that a known
+    failure costs well under a second or two here; no untimed prelude
+    connection (the benchmark fixture repeats a body in one process, which
+    gets past the transients the prelude is for)."""
+    monkeypatch.setattr(workloads, "STALL_S", 1.0)
+    monkeypatch.setattr(workloads, "CLOSE_WAIT_S", 0.25)
+    monkeypatch.setattr(workloads, "NETWORK_PRELUDE", False)
+
+
 def _bench(benchmark, name: str, loop_name: str) -> None:
     factory = workloads.get_loop_factory(loop_name)
     fn = workloads.WORKLOADS[name][0]
-    result = benchmark(fn, factory, _size(name))
+    known = KNOWN_FAILURES.get((loop_name, name))
+    if known:
+        # run it once unmeasured: a known failure must not be recorded as
+        # a benchmark timing; a fixed loop goes on to be measured
+        result = fn(factory, _size(name))
+        if not result["ok"]:
+            info = {k: v for k, v in result.get("info", {}).items()
+                    if "socket" not in k}
+            pytest.xfail(f"{known}: parity {result['parity']}, info {info}")
+    try:
+        result = benchmark(fn, factory, _size(name))
+    except workloads.Unsupported as exc:
+        pytest.skip(str(exc))
     _check(result, loop_name)
 
 
@@ -119,6 +164,46 @@ def test_threadsafe(benchmark, loop_name: str) -> None:
 @pytest.mark.benchmark
 def test_task_fanout(benchmark, loop_name: str) -> None:
     _bench(benchmark, "task_fanout", loop_name)
+
+
+@pytest.mark.benchmark
+def test_tcp_echo_streams(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "tcp_echo_streams", loop_name)
+
+
+@pytest.mark.benchmark
+def test_tcp_echo_protocol(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "tcp_echo_protocol", loop_name)
+
+
+@pytest.mark.benchmark
+def test_tcp_bulk(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "tcp_bulk", loop_name)
+
+
+@pytest.mark.benchmark
+def test_unix_echo_streams(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "unix_echo_streams", loop_name)
+
+
+@pytest.mark.benchmark
+def test_short_connections(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "short_connections", loop_name)
+
+
+@pytest.mark.benchmark
+def test_getaddrinfo_numeric(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "getaddrinfo_numeric", loop_name)
+
+
+@pytest.mark.benchmark
+def test_split_writes_one(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "split_writes_one", loop_name)
+
+
+@pytest.mark.benchmark
+def test_split_writes_two(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "split_writes_two", loop_name)
 
 
 def test_every_workload_has_a_benchmark() -> None:
@@ -183,3 +268,119 @@ def test_order_check_catches_misordered_timers() -> None:
     assert result["parity"]["fired"] == 300
     assert result["parity"]["order_ok"] is False
     assert not result["ok"]
+
+
+# ---- the network parity checks must catch wrong data --------------------
+
+
+class _FakeTransport:
+    def __init__(self) -> None:
+        self.written: list = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+
+class _Done:
+    def __init__(self) -> None:
+        self.result = False
+
+    def done(self) -> bool:
+        return self.result
+
+    def set_result(self, _: object) -> None:
+        self.result = True
+
+
+def test_bulk_receiver_catches_lost_and_repeated_bytes() -> None:
+    """BulkReceiverProtocol's sampled pattern check flags a piece that
+    arrives after a lost piece or twice, and passes the intact stream."""
+    chunk = bytes(range(workloads.BULK_PERIOD)) * 1024
+    pieces = [chunk[i:i + 10_000] for i in range(0, 100_000, 10_000)]
+
+    def feed(seq: list) -> "workloads.BulkReceiverProtocol":
+        r = workloads.BulkReceiverProtocol(_Done(), {})
+        for p in seq:
+            r.data_received(p)
+        return r
+
+    ok = feed(pieces)
+    assert ok.mismatches == 0 and ok.pos == 100_000
+    assert feed(pieces[:3] + pieces[4:]).mismatches > 0  # one lost
+    assert feed(pieces[:4] + pieces[3:]).mismatches > 0  # one repeated
+
+
+def test_echo_client_catches_corrupted_echo() -> None:
+    """EchoClientProtocol counts an echo that differs from what it sent
+    (one flipped byte) as a non-match and the checksum changes."""
+    payloads = workloads._echo_payloads()
+    info: dict = {}
+
+    def run(corrupt_at: int) -> "workloads.EchoClientProtocol":
+        c = workloads.EchoClientProtocol(4, payloads, _Done(), info)
+        tr = _FakeTransport()
+        c.connection_made(tr)
+        for t in range(4):
+            data = bytearray(tr.written[t])
+            if t == corrupt_at:
+                data[100] ^= 1
+            c.data_received(bytes(data[:300]))  # in two pieces
+            c.data_received(bytes(data[300:]))
+        return c
+
+    good, bad = run(-1), run(2)
+    assert good.t == bad.t == 4
+    assert good.matches == 4 and bad.matches == 3
+    assert good.crc != bad.crc
+
+
+def test_split_client_catches_wrong_sequence_number() -> None:
+    """SplitClientProtocol rejects a response whose X-Seq is not the
+    request's, or whose body differs."""
+    c = workloads.SplitClientProtocol(3, _Done())
+    c.connection_made(_FakeTransport())
+    head = workloads._SPLIT_HEAD_PREFIX
+    suffix = workloads._SPLIT_HEAD_SUFFIX
+    body = workloads.SPLIT_BODY
+    c.data_received(head + b"%010d" % 0 + suffix + body)  # right
+    c.data_received(head + b"%010d" % 7 + suffix + body)  # wrong seq
+    c.data_received(head + b"%010d" % 2 + suffix + body[:-1] + b"?")  # body
+    assert c.t == 3 and c.ok == 1
+
+
+def test_stalled_exchange_is_reported_not_hung(monkeypatch) -> None:
+    """A loop that never delivers the server's data (here: a transport
+    whose writes are dropped) makes tcp_echo_protocol report a parity
+    mismatch via the watchdog instead of hanging."""
+    import asyncio
+
+    monkeypatch.setattr(workloads, "STALL_S", 0.5)
+
+    class Deaf(asyncio.SelectorEventLoop):  # type: ignore[misc, valid-type]
+        def _make_socket_transport(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            tr = super()._make_socket_transport(*args, **kwargs)
+            if kwargs.get("server") is not None:  # the server side
+                tr.write = lambda data: None
+            return tr
+
+    result = workloads.tcp_echo_protocol(Deaf, 50)
+    assert not result["ok"]
+    assert result["parity"]["round_trips"] == 0
+    assert "guard" in result["info"]
+
+
+def test_prelude(loop_name: str, monkeypatch) -> None:
+    """The untimed prelude connection of the network workloads works (on a
+    loop where it fails, compare.py's sample goes on and says so)."""
+    monkeypatch.setattr(workloads, "NETWORK_PRELUDE", True)
+    res = workloads._prelude(workloads.get_loop_factory(loop_name))
+    if loop_name == "rloop" and res != "ok":
+        pytest.xfail(f"{_RLOOP_NO_EOF}: prelude {res}")
+    assert res == "ok"

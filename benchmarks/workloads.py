@@ -13,12 +13,23 @@ and returns::
         "elapsed": seconds,       # loop creation -> work -> loop.close()
         "loop_type": "module.Class",
         "loop_errors": [...],     # contexts seen by the loop's exception handler
+        "info": {...},            # network workloads only: what may differ
+                                  # between loops without being wrong (socket
+                                  # options, reads per response, ...)
     }
+
+A loop that lacks what a workload needs (rloop has no Unix sockets) makes
+the workload raise ``Unsupported``; the sample reports it as such.
 
 ``elapsed`` covers creating the loop, running the work and closing the loop;
 it excludes the parity checks done afterwards, so that checking the answer
 costs every loop nothing. Callbacks are plain Python functions that count
 what they do; that counting is the same for every loop.
+
+The scheduling workloads run callbacks, timers and tasks; the network
+workloads (TCP and Unix echo, bulk, short connections, getaddrinfo, split
+writes) run a server and its client on the same loop, in one process; see
+the "Network workloads" section.
 
 Nothing here depends on a particular loop: loops are reached only through
 ``loop_factory`` (see ``get_loop_factory``). Runs on CPython 3.10 - 3.14.
@@ -29,8 +40,13 @@ from __future__ import annotations
 import asyncio
 import importlib
 import operator
+import os
+import shutil
+import socket
+import tempfile
 import threading
 import time
+import zlib
 from typing import Any, Callable, Dict, List
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
@@ -421,6 +437,885 @@ def task_fanout(loop_factory: LoopFactory, n: int = 100_000) -> Dict[str, Any]:
 
 
 # --------------------------------------------------------------------------
+# Network workloads
+#
+# Both ends run on the loop under test, in this one process: a server
+# (asyncio streams or an asyncio.Protocol) and its client, over 127.0.0.1
+# or a Unix socket in a fresh temporary directory. ``elapsed`` covers
+# creating the loop, starting the server, connecting, the work, closing
+# every connection (the server must see the client's close) and the server,
+# and closing the loop.
+#
+# Parity is counted on the receiving side: every echoed payload compared
+# with what was sent and CRC-32 checksummed, bulk bytes counted and their
+# position pattern sampled, every response parsed and checked; "finished"
+# and "server_saw_close" say the exchange ran to its end. What may
+# legitimately differ between loops (socket options such as TCP_NODELAY and
+# buffer sizes as the loop left them, how many reads a response arrived
+# in) goes to ``info``, which compare.py prints next to the numbers.
+#
+# A stalled exchange (a lost wake-up, an EOF never delivered) is cancelled
+# by a watchdog after STALL_S seconds without progress, and a close that
+# does not complete is given up after CLOSE_WAIT_S: the sample then reports
+# a parity mismatch quickly instead of hanging until compare.py kills it.
+# --------------------------------------------------------------------------
+
+HOST = "127.0.0.1"
+ECHO_SIZE = 1024
+_N_PAYLOADS = 64
+
+#: seconds without progress after which the watchdog cancels the exchange
+STALL_S = 5.0
+#: seconds allowed for a close to be seen by the peer / a server to close
+CLOSE_WAIT_S = 2.0
+
+
+#: run _prelude() before each socket workload (compare.py --no-prelude
+#: turns it off, as a diagnostic)
+NETWORK_PRELUDE = True
+
+
+def _prelude(loop_factory: LoopFactory) -> str:
+    """One untimed TCP connection on a throwaway loop of the same kind:
+    connect, echo 1 KiB, close, the server reads the EOF.
+
+    It puts the fresh sample process past one-time allocator transients
+    that any server leaves as soon as one connection has closed: with
+    glibc, asyncio's 256 KiB read buffers are mmap()ed, mremap()ed and
+    munmap()ed on every read (three system calls per read) until one such
+    buffer is freed whole, which happens on the first read that returns
+    EOF; without the prelude, asyncio's first echo in a fresh process runs
+    at about half its usual speed. Returns "ok" or what went wrong (the
+    sample goes on either way)."""
+    if not NETWORK_PRELUDE:
+        return "off"
+    out: List[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        closed = loop.create_future()
+
+        class Srv(asyncio.Protocol):
+            def connection_made(self, tr: Any) -> None:
+                self.tr = tr
+
+            def data_received(self, data: bytes) -> None:
+                self.tr.write(data)
+
+            def connection_lost(self, exc: Any) -> None:
+                _set_once(closed)
+
+        server = await loop.create_server(Srv, HOST, 0)
+        try:
+            port = server.sockets[0].getsockname()[1]
+            reader, writer = await asyncio.open_connection(HOST, port)
+            writer.write(b"p" * ECHO_SIZE)
+            got = await asyncio.wait_for(reader.readexactly(ECHO_SIZE), 2.0)
+            writer.close()
+            await asyncio.wait_for(closed, 1.0)
+            out.append("ok" if got == b"p" * ECHO_SIZE else "wrong echo")
+        finally:
+            server.close()
+
+    loop = loop_factory()
+    try:
+        loop.run_until_complete(main())
+    except BaseException as exc:
+        out.append(f"failed: {type(exc).__name__} {exc}"[:200])
+    finally:
+        try:
+            loop.close()
+        except Exception:
+            pass
+    return out[-1] if out else "failed"
+
+
+def _echo_payloads() -> List[bytes]:
+    """64 distinct 1 KiB payloads, used round-robin (a reordered, lost or
+    repeated round trip changes the comparison and the checksum)."""
+    return [bytes(((k * 131 + j * 7 + (j >> 8)) & 0xFF) for j in range(ECHO_SIZE))
+            for k in range(_N_PAYLOADS)]
+
+
+def _expected_echo_crc(n: int, payloads: List[bytes]) -> int:
+    crc = 0
+    for t in range(n):
+        crc = zlib.crc32(payloads[t % _N_PAYLOADS], crc)
+    return crc
+
+
+def _sockopts(transport_or_writer: Any) -> Dict[str, Any]:
+    """TCP_NODELAY and buffer sizes of a connection's socket as the loop
+    left them (read at connection time)."""
+    try:
+        sock = transport_or_writer.get_extra_info("socket")
+    except Exception as exc:
+        return {"error": f"get_extra_info('socket'): {exc!r}"}
+    if sock is None:
+        return {"socket": None}
+    out: Dict[str, Any] = {}
+    try:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            out["nodelay"] = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        out["sndbuf"] = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        out["rcvbuf"] = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    except Exception as exc:
+        out["error"] = repr(exc)
+    return out
+
+
+def _run_guarded(loop: Any, coro: Any, info: Dict[str, Any],
+                 progress: Callable[[], Any], limit: float) -> None:
+    """Run coro on loop as a task, under a watchdog.
+
+    Every 0.25 s the watchdog reads ``progress()``; if it has not changed
+    for STALL_S seconds, or the run has taken ``limit`` seconds, the task is
+    cancelled (again, while it keeps stalling in its cleanup) and
+    info["guard"] says why. The parity then shows what was not done.
+    """
+    task = loop.create_task(coro)
+    start = loop.time()
+    state: Dict[str, Any] = {"last": progress(), "since": start}
+
+    def check() -> None:
+        if task.done():
+            return
+        now = loop.time()
+        p = progress()
+        if p != state["last"]:
+            state["last"] = p
+            state["since"] = now
+        elif now - state["since"] >= STALL_S:
+            info.setdefault(
+                "guard", f"no progress for {STALL_S:g} s (at {p!r}): cancelled")
+            state["since"] = now
+            task.cancel()
+        if now - start >= limit:
+            info.setdefault("guard", f"still running after {limit:g} s: cancelled")
+            task.cancel()
+        state["handle"] = loop.call_later(0.25, check)
+
+    state["handle"] = loop.call_later(0.25, check)
+    try:
+        loop.run_until_complete(task)
+    except asyncio.CancelledError:
+        info.setdefault("guard", "cancelled")
+    finally:
+        state["handle"].cancel()
+
+
+async def _bounded(aw: Any, info: Dict[str, Any], what: str,
+                   seconds: float | None = None) -> bool:
+    """Await aw for at most CLOSE_WAIT_S; False (and a note in info) if it
+    did not complete."""
+    try:
+        await asyncio.wait_for(aw, CLOSE_WAIT_S if seconds is None else seconds)
+        return True
+    except asyncio.TimeoutError:
+        info.setdefault("timeouts", []).append(
+            f"{what}: not done after {CLOSE_WAIT_S if seconds is None else seconds:g} s")
+        return False
+    except Exception as exc:
+        info.setdefault("close_errors", []).append(f"{what}: {exc!r}")
+        return False
+
+
+async def _close_server(server: Any, info: Dict[str, Any]) -> bool:
+    server.close()
+    return await _bounded(server.wait_closed(), info, "server.wait_closed()")
+
+
+class _TempDir:
+    """A fresh temporary directory for a Unix socket, removed afterwards."""
+
+    def __enter__(self) -> str:
+        self.path = tempfile.mkdtemp(prefix="zuvrs-bench-")
+        return self.path
+
+    def __exit__(self, *exc: Any) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _unsupported(loop: Any, what: str, exc: BaseException) -> Unsupported:
+    return Unsupported(f"{_loop_type(loop)}: {what} not implemented"
+                       + (f" ({exc})" if str(exc) else ""))
+
+
+def _set_once(fut: Any) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+# ---- echo over streams (TCP and Unix) ------------------------------------
+
+
+def _echo_streams(name: str, loop_factory: LoopFactory, n: int,
+                  unix: bool) -> Dict[str, Any]:
+    payloads = _echo_payloads()
+    expected_crc = _expected_echo_crc(n, payloads)
+    st = {"round_trips": 0, "matches": 0, "checksum": 0, "server_bytes": 0,
+          "server_errors": 0, "server_eof": False, "server_saw_close": False,
+          "finished": False}
+    info: Dict[str, Any] = {}
+    info["prelude"] = _prelude(loop_factory)  # untimed
+
+    async def main(path: str | None) -> None:
+        loop = asyncio.get_running_loop()
+        server_done = loop.create_future()
+
+        async def handle(reader: Any, writer: Any) -> None:
+            info["server_socket"] = _sockopts(writer)
+            try:
+                while True:
+                    data = await reader.read(65536)
+                    if not data:
+                        st["server_eof"] = True
+                        break
+                    st["server_bytes"] += len(data)
+                    writer.write(data)
+                    await writer.drain()
+            except Exception as exc:
+                st["server_errors"] += 1
+                info.setdefault("server_error", repr(exc))
+            finally:
+                writer.close()
+                _set_once(server_done)
+
+        if unix:
+            try:
+                server = await asyncio.start_unix_server(handle, path)
+            except NotImplementedError as exc:
+                raise _unsupported(loop, "create_unix_server", exc) from None
+        else:
+            server = await asyncio.start_server(handle, HOST, 0)
+        try:
+            if unix:
+                reader, writer = await asyncio.open_unix_connection(path)
+            else:
+                port = server.sockets[0].getsockname()[1]
+                reader, writer = await asyncio.open_connection(HOST, port)
+            info["client_socket"] = _sockopts(writer)
+            try:
+                crc = 0
+                matches = 0
+                write = writer.write
+                readexactly = reader.readexactly
+                crc32 = zlib.crc32
+                for t in range(n):
+                    p = payloads[t % _N_PAYLOADS]
+                    write(p)
+                    data = await readexactly(ECHO_SIZE)
+                    if data == p:
+                        matches += 1
+                    crc = crc32(data, crc)
+                    st["round_trips"] = t + 1
+                st["matches"] = matches
+                st["checksum"] = crc
+            finally:
+                writer.close()
+                await _bounded(writer.wait_closed(), info, "client wait_closed()")
+            # the server must see the client's close (EOF) and finish
+            seen = await _bounded(server_done, info, "server handler sees EOF")
+            st["server_saw_close"] = seen and st["server_eof"]
+        finally:
+            await _close_server(server, info)
+        st["finished"] = True
+
+    run = _Run(loop_factory)
+    with run as loop:
+        prog = lambda: st["round_trips"]  # noqa: E731
+        if unix:
+            with _TempDir() as d:
+                _run_guarded(loop, main(os.path.join(d, "echo.sock")), info,
+                             prog, _guard_seconds(n))
+        else:
+            _run_guarded(loop, main(None), info, prog, _guard_seconds(n))
+    return run.result(
+        name, n,
+        {k: st[k] for k in ("round_trips", "matches", "checksum",
+                            "server_bytes", "server_errors",
+                            "server_saw_close", "finished")},
+        {"round_trips": n, "matches": n, "checksum": expected_crc,
+         "server_bytes": n * ECHO_SIZE, "server_errors": 0,
+         "server_saw_close": True, "finished": True},
+        info,
+    )
+
+
+def tcp_echo_streams(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
+    """n sequential round trips of 1 KiB over one TCP connection on
+    127.0.0.1, asyncio streams on both ends (start_server/open_connection,
+    the server does read(65536), write, drain); every echo compared with
+    what was sent and CRC-32 checksummed."""
+    return _echo_streams("tcp_echo_streams", loop_factory, n, unix=False)
+
+
+def unix_echo_streams(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
+    """tcp_echo_streams over a Unix socket in a fresh temporary directory
+    (start_unix_server/open_unix_connection). A loop without Unix sockets
+    raises Unsupported."""
+    return _echo_streams("unix_echo_streams", loop_factory, n, unix=True)
+
+
+# ---- echo over protocols --------------------------------------------------
+
+
+class _EchoServerProtocol(asyncio.Protocol):
+    def __init__(self, st: Dict[str, Any], info: Dict[str, Any],
+                 closed: Any) -> None:
+        self.st = st
+        self.info = info
+        self.closed = closed
+        self.nbytes = 0
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.info["server_socket"] = _sockopts(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.nbytes += len(data)
+        self.transport.write(data)
+
+    def eof_received(self) -> None:
+        self.st["server_eof"] = True
+        return None  # close
+
+    def connection_lost(self, exc: Any) -> None:
+        self.st["server_bytes"] += self.nbytes
+        _set_once(self.closed)
+
+
+class EchoClientProtocol(asyncio.Protocol):
+    """Sends payload t, waits for its 1 KiB echo, compares, checksums, sends
+    t + 1; after n round trips closes and resolves ``done``."""
+
+    def __init__(self, n: int, payloads: List[bytes], done: Any,
+                 info: Dict[str, Any]) -> None:
+        self.n = n
+        self.payloads = payloads
+        self.done = done
+        self.info = info
+        self.buf = b""
+        self.t = 0
+        self.matches = 0
+        self.crc = 0
+        self.overrun = 0
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.info["client_socket"] = _sockopts(transport)
+        if self.n > 0:
+            transport.write(self.payloads[0])
+        else:
+            transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        if len(buf) < ECHO_SIZE:
+            self.buf = buf
+            return
+        if len(buf) > ECHO_SIZE:  # more than the one payload in flight
+            self.overrun += 1
+            buf = buf[:ECHO_SIZE]
+        self.buf = b""
+        t = self.t
+        if buf == self.payloads[t % _N_PAYLOADS]:
+            self.matches += 1
+        self.crc = zlib.crc32(buf, self.crc)
+        t += 1
+        self.t = t
+        if t < self.n:
+            self.transport.write(self.payloads[t % _N_PAYLOADS])
+        else:
+            self.transport.close()
+
+    def connection_lost(self, exc: Any) -> None:
+        if exc is not None:
+            self.info.setdefault("client_error", repr(exc))
+        _set_once(self.done)
+
+
+def tcp_echo_protocol(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
+    """tcp_echo_streams with an asyncio.Protocol on both ends (the server
+    writes back what it receives in data_received)."""
+    payloads = _echo_payloads()
+    expected_crc = _expected_echo_crc(n, payloads)
+    st = {"server_bytes": 0, "server_eof": False, "server_saw_close": False,
+          "finished": False}
+    info: Dict[str, Any] = {}
+    info["prelude"] = _prelude(loop_factory)  # untimed
+    client: List[EchoClientProtocol] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server_closed = loop.create_future()
+        done = loop.create_future()
+        server = await loop.create_server(
+            lambda: _EchoServerProtocol(st, info, server_closed), HOST, 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            tr, proto = await loop.create_connection(
+                lambda: EchoClientProtocol(n, payloads, done, info), HOST, port)
+            client.append(proto)
+            try:
+                await done
+            finally:
+                tr.close()
+            seen = await _bounded(server_closed, info, "server sees the close")
+            st["server_saw_close"] = seen and st["server_eof"]
+        finally:
+            await _close_server(server, info)
+        st["finished"] = True
+
+    run = _Run(loop_factory)
+    with run as loop:
+        _run_guarded(loop, main(), info,
+                     lambda: client[0].t if client else 0, _guard_seconds(n))
+    c = client[0] if client else None
+    return run.result(
+        "tcp_echo_protocol", n,
+        {"round_trips": c.t if c else 0, "matches": c.matches if c else 0,
+         "checksum": c.crc if c else 0, "overruns": c.overrun if c else 0,
+         "server_bytes": st["server_bytes"],
+         "server_saw_close": st["server_saw_close"], "finished": st["finished"]},
+        {"round_trips": n, "matches": n, "checksum": expected_crc,
+         "overruns": 0, "server_bytes": n * ECHO_SIZE,
+         "server_saw_close": True, "finished": True},
+        info,
+    )
+
+
+# ---- bulk -----------------------------------------------------------------
+
+#: the stream is bytes(i % 251 for i in range(total)); a chunk is 1,024
+#: periods, so every chunk is the same object, and a received piece's first,
+#: middle and last bytes say whether it sits at the right position.
+BULK_PERIOD = 251
+BULK_CHUNK = BULK_PERIOD * 1024  # 257,024 bytes
+MIB = 1 << 20
+
+
+class BulkReceiverProtocol(asyncio.Protocol):
+    """Counts the bytes of the pattern stream and samples three bytes of
+    every received piece against their position (a lost, repeated or
+    reordered piece shifts the pattern unless its length is a multiple of
+    251, and changes the byte count)."""
+
+    def __init__(self, done: Any, info: Dict[str, Any]) -> None:
+        self.done = done
+        self.info = info
+        self.pos = 0
+        self.pieces = 0
+        self.mismatches = 0
+        self.saw_eof = False
+
+    def connection_made(self, transport: Any) -> None:
+        self.info["server_socket"] = _sockopts(transport)
+
+    def data_received(self, data: bytes) -> None:
+        n = len(data)
+        p = self.pos
+        m = n >> 1
+        if (data[0] != p % BULK_PERIOD
+                or data[m] != (p + m) % BULK_PERIOD
+                or data[n - 1] != (p + n - 1) % BULK_PERIOD):
+            self.mismatches += 1
+        self.pos = p + n
+        self.pieces += 1
+
+    def eof_received(self) -> None:
+        self.saw_eof = True
+        return None  # close
+
+    def connection_lost(self, exc: Any) -> None:
+        if exc is not None:
+            self.info.setdefault("server_error", repr(exc))
+        _set_once(self.done)
+
+
+def tcp_bulk(loop_factory: LoopFactory, mib: int = 1024) -> Dict[str, Any]:
+    """One TCP connection streaming ``mib`` MiB: the client writes 251 KiB
+    chunks through asyncio streams (write + drain, default buffer limits),
+    the server's Protocol counts the bytes and samples their pattern; the
+    time runs until the receiver has seen the sender's close."""
+    total = mib * MIB
+    chunk = bytes(range(BULK_PERIOD)) * 1024
+    info: Dict[str, Any] = {}
+    info["prelude"] = _prelude(loop_factory)  # untimed
+    receiver: List[BulkReceiverProtocol] = []
+    st = {"sent": 0, "receiver_saw_eof": False, "finished": False}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def factory() -> BulkReceiverProtocol:
+            p = BulkReceiverProtocol(done, info)
+            receiver.append(p)
+            return p
+
+        server = await loop.create_server(factory, HOST, 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            _, writer = await asyncio.open_connection(HOST, port)
+            info["client_socket"] = _sockopts(writer)
+            try:
+                full, rest = divmod(total, BULK_CHUNK)
+                write = writer.write
+                drain = writer.drain
+                for _ in range(full):
+                    write(chunk)
+                    await drain()
+                    st["sent"] += BULK_CHUNK
+                if rest:
+                    write(chunk[:rest])
+                    await drain()
+                    st["sent"] += rest
+            finally:
+                writer.close()
+                await _bounded(writer.wait_closed(), info, "client wait_closed()")
+            # the receiver must get every byte and then the close
+            seen = await _bounded(done, info, "receiver sees the close")
+            st["receiver_saw_eof"] = seen and bool(receiver and receiver[0].saw_eof)
+        finally:
+            await _close_server(server, info)
+        st["finished"] = True
+
+    run = _Run(loop_factory)
+    with run as loop:
+        _run_guarded(loop, main(), info,
+                     lambda: (st["sent"], receiver[0].pos if receiver else 0),
+                     _guard_seconds(mib * 100))
+    r = receiver[0] if receiver else None
+    if r is not None and r.pieces:
+        info["receiver_reads"] = r.pieces
+        info["mean_read_kib"] = round(r.pos / r.pieces / 1024, 1)
+    return run.result(
+        "tcp_bulk", mib,
+        {"sent": st["sent"], "received": r.pos if r else 0,
+         "sampled_mismatches": r.mismatches if r else 0,
+         "connections": len(receiver), "receiver_saw_eof": st["receiver_saw_eof"],
+         "finished": st["finished"]},
+        {"sent": total, "received": total, "sampled_mismatches": 0,
+         "connections": 1, "receiver_saw_eof": True, "finished": True},
+        info,
+    )
+
+
+# ---- short connections ----------------------------------------------------
+
+SHORT_CONCURRENCY = 16
+
+
+def short_connections(loop_factory: LoopFactory, n: int = 8_000) -> Dict[str, Any]:
+    """n TCP connections, 16 at a time (streams on both ends): the client
+    connects, sends ``REQ <i>\\n``, reads the reply to EOF and closes; the
+    server reads the line, replies ``RESP <i> <48 x>\\n`` and closes."""
+    pad = b"x" * 48
+    st = {"served": 0, "server_errors": 0, "ok": 0, "checksum": 0,
+          "client_errors": 0, "finished": False}
+    info: Dict[str, Any] = {}
+    info["prelude"] = _prelude(loop_factory)  # untimed
+
+    async def handle(reader: Any, writer: Any) -> None:
+        try:
+            line = await reader.readline()
+            if line.startswith(b"REQ ") and line.endswith(b"\n"):
+                writer.write(b"RESP " + line[4:-1] + b" " + pad + b"\n")
+                st["served"] += 1
+            else:
+                st["server_errors"] += 1
+                info.setdefault("bad_request", repr(line[:40]))
+        except Exception as exc:
+            st["server_errors"] += 1
+            info.setdefault("server_error", repr(exc))
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, HOST, 0, backlog=1024)
+        port = server.sockets[0].getsockname()[1]
+        next_i = 0
+
+        async def worker() -> None:
+            nonlocal next_i
+            while next_i < n:
+                i = next_i
+                next_i += 1
+                try:
+                    reader, writer = await asyncio.open_connection(HOST, port)
+                    if i == 0:
+                        info["client_socket"] = _sockopts(writer)
+                    try:
+                        writer.write(b"REQ %d\n" % i)
+                        reply = await reader.read()
+                    finally:
+                        writer.close()
+                        await writer.wait_closed()
+                    if reply == b"RESP %d " % i + pad + b"\n":
+                        st["ok"] += 1
+                        st["checksum"] += i
+                    else:
+                        st["client_errors"] += 1
+                        info.setdefault("bad_reply", repr(reply[:60]))
+                except Exception as exc:
+                    st["client_errors"] += 1
+                    info.setdefault("client_error", repr(exc))
+
+        try:
+            await asyncio.gather(*[worker() for _ in range(SHORT_CONCURRENCY)])
+        finally:
+            await _close_server(server, info)
+        st["finished"] = True
+
+    run = _Run(loop_factory)
+    with run as loop:
+        _run_guarded(loop, main(), info,
+                     lambda: (st["ok"], st["client_errors"], st["served"]),
+                     _guard_seconds(n * 10))
+    return run.result(
+        "short_connections", n,
+        {k: st[k] for k in ("ok", "checksum", "served", "client_errors",
+                            "server_errors", "finished")},
+        {"ok": n, "checksum": n * (n - 1) // 2, "served": n,
+         "client_errors": 0, "server_errors": 0, "finished": True},
+        info,
+    )
+
+
+# ---- getaddrinfo ----------------------------------------------------------
+
+
+def _gai_key(res: Any) -> List[Any]:
+    return sorted((int(f), int(t), p, c, tuple(a)) for f, t, p, c, a in res)
+
+
+def getaddrinfo_numeric(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
+    """n awaited loop.getaddrinfo() calls of a numeric address, alternating
+    ('127.0.0.1', 80) and ('127.0.0.1', 80, type=SOCK_STREAM); every answer
+    compared with socket.getaddrinfo's (computed first; an answer in
+    another order counts as equal and is noted in info)."""
+    exp_any = socket.getaddrinfo(HOST, 80)
+    exp_stream = socket.getaddrinfo(HOST, 80, type=socket.SOCK_STREAM)
+    key_any = _gai_key(exp_any)
+    key_stream = _gai_key(exp_stream)
+    st = {"calls": 0, "matches": 0, "order_differs": 0}
+    info: Dict[str, Any] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        gai = loop.getaddrinfo
+        stream = socket.SOCK_STREAM
+        for i in range(n):
+            if i & 1:
+                r = await gai(HOST, 80, type=stream)
+                exp, key = exp_stream, key_stream
+            else:
+                r = await gai(HOST, 80)
+                exp, key = exp_any, key_any
+            st["calls"] = i + 1
+            if r == exp:
+                st["matches"] += 1
+            elif isinstance(r, (list, tuple)) and _gai_key(r) == key:
+                st["matches"] += 1
+                if list(r) == exp:
+                    info.setdefault("note", f"answers are a {type(r).__name__}, not a list")
+                else:
+                    st["order_differs"] += 1
+            else:
+                info.setdefault("first_mismatch",
+                                f"call {i}: got {r!r}, expected {exp!r}")
+
+    run = _Run(loop_factory)
+    with run as loop:
+        _run_guarded(loop, main(), info, lambda: st["calls"],
+                     _guard_seconds(n * 10))
+    info["answers_in_other_order"] = st["order_differs"]
+    return run.result(
+        "getaddrinfo_numeric", n,
+        {"calls": st["calls"], "matches": st["matches"]},
+        {"calls": n, "matches": n},
+        info,
+    )
+
+
+# ---- split writes ---------------------------------------------------------
+
+SPLIT_REQ_LEN = 16  # b"GET %010d\r\n"
+SPLIT_RESPONSE_LEN = 1024
+_SPLIT_HEAD_PREFIX = (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream"
+                      b"\r\nX-Seq: ")
+
+
+def _split_parts() -> Any:
+    """(head suffix, body) so that head prefix + 10 digits + suffix + body
+    is exactly SPLIT_RESPONSE_LEN bytes."""
+    fixed = len(_SPLIT_HEAD_PREFIX) + 10
+    for body_len in range(SPLIT_RESPONSE_LEN - fixed, 0, -1):
+        suffix = b"\r\nContent-Length: %d\r\n\r\n" % body_len
+        if fixed + len(suffix) + body_len == SPLIT_RESPONSE_LEN:
+            body = bytes((j * 37 + 11) & 0xFF for j in range(body_len))
+            return suffix, body
+    raise AssertionError("no body length fits")
+
+
+_SPLIT_HEAD_SUFFIX, SPLIT_BODY = _split_parts()
+_SPLIT_HEAD_LEN = SPLIT_RESPONSE_LEN - len(SPLIT_BODY)
+
+
+class _SplitServerProtocol(asyncio.Protocol):
+    """Answers each 16-byte request with a 1 KiB response: a header (with
+    the request's sequence number) and a body, as one write (header + body)
+    or two (header, then body)."""
+
+    def __init__(self, writes: int, st: Dict[str, Any], info: Dict[str, Any],
+                 closed: Any) -> None:
+        self.writes = writes
+        self.st = st
+        self.info = info
+        self.closed = closed
+        self.buf = b""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.info["server_socket"] = _sockopts(transport)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        write = self.transport.write
+        while len(buf) >= SPLIT_REQ_LEN:
+            req = buf[:SPLIT_REQ_LEN]
+            buf = buf[SPLIT_REQ_LEN:]
+            header = _SPLIT_HEAD_PREFIX + req[4:14] + _SPLIT_HEAD_SUFFIX
+            if self.writes == 1:
+                write(header + SPLIT_BODY)
+            else:
+                write(header)
+                write(SPLIT_BODY)
+            self.st["served"] += 1
+        self.buf = buf
+
+    def eof_received(self) -> None:
+        self.st["server_eof"] = True
+        return None
+
+    def connection_lost(self, exc: Any) -> None:
+        _set_once(self.closed)
+
+
+class SplitClientProtocol(asyncio.Protocol):
+    """Sends request t, reads its 1 KiB response, checks header, sequence
+    number and body, sends t + 1; counts its reads."""
+
+    def __init__(self, n: int, done: Any) -> None:
+        self.n = n
+        self.done = done
+        self.buf = b""
+        self.t = 0
+        self.ok = 0
+        self.reads = 0
+        self.overrun = 0
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        if self.n > 0:
+            transport.write(b"GET %010d\r\n" % 0)
+        else:
+            transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        self.reads += 1
+        buf = self.buf + data if self.buf else data
+        if len(buf) < SPLIT_RESPONSE_LEN:
+            self.buf = buf
+            return
+        if len(buf) > SPLIT_RESPONSE_LEN:
+            self.overrun += 1
+            buf = buf[:SPLIT_RESPONSE_LEN]
+        self.buf = b""
+        t = self.t
+        p = len(_SPLIT_HEAD_PREFIX)
+        if (buf[_SPLIT_HEAD_LEN:] == SPLIT_BODY
+                and buf[:p] == _SPLIT_HEAD_PREFIX
+                and buf[p:p + 10] == b"%010d" % t
+                and buf[p + 10:_SPLIT_HEAD_LEN] == _SPLIT_HEAD_SUFFIX):
+            self.ok += 1
+        t += 1
+        self.t = t
+        if t < self.n:
+            self.transport.write(b"GET %010d\r\n" % t)
+        else:
+            self.transport.close()
+
+    def connection_lost(self, exc: Any) -> None:
+        _set_once(self.done)
+
+
+def _split_writes(name: str, writes: int, loop_factory: LoopFactory,
+                  n: int) -> Dict[str, Any]:
+    st = {"served": 0, "server_eof": False, "server_saw_close": False,
+          "finished": False}
+    info: Dict[str, Any] = {}
+    info["prelude"] = _prelude(loop_factory)  # untimed
+    client: List[SplitClientProtocol] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        server_closed = loop.create_future()
+        server = await loop.create_server(
+            lambda: _SplitServerProtocol(writes, st, info, server_closed),
+            HOST, 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            tr, proto = await loop.create_connection(
+                lambda: SplitClientProtocol(n, done), HOST, port)
+            client.append(proto)
+            info["client_socket"] = _sockopts(tr)
+            try:
+                await done
+            finally:
+                tr.close()
+            seen = await _bounded(server_closed, info, "server sees the close")
+            st["server_saw_close"] = seen and st["server_eof"]
+        finally:
+            await _close_server(server, info)
+        st["finished"] = True
+
+    run = _Run(loop_factory)
+    with run as loop:
+        _run_guarded(loop, main(), info, lambda: client[0].t if client else 0,
+                     _guard_seconds(n * 10))
+    c = client[0] if client else None
+    if c is not None and c.t:
+        info["client_reads_per_response"] = round(c.reads / c.t, 3)
+    return run.result(
+        name, n,
+        {"responses": c.t if c else 0, "verified": c.ok if c else 0,
+         "overruns": c.overrun if c else 0, "served": st["served"],
+         "server_saw_close": st["server_saw_close"], "finished": st["finished"]},
+        {"responses": n, "verified": n, "overruns": 0, "served": n,
+         "server_saw_close": True, "finished": True},
+        info,
+    )
+
+
+def split_writes_one(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
+    """n request/response round trips on one TCP connection, Protocols on
+    both ends; the server sends each 1 KiB response (an HTTP-like header
+    with the request's sequence number + body) with ONE write()."""
+    return _split_writes("split_writes_one", 1, loop_factory, n)
+
+
+def split_writes_two(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
+    """split_writes_one, but the server writes the header, then the body:
+    TWO write() calls per response."""
+    return _split_writes("split_writes_two", 2, loop_factory, n)
+
+
+# --------------------------------------------------------------------------
 # Registry
 # --------------------------------------------------------------------------
 
@@ -442,7 +1337,39 @@ WORKLOADS: Dict[str, Any] = {
                    "call_soon_threadsafe from another thread (callbacks)"),
     "task_fanout": (task_fanout, 100_000,
                     "gather of small coroutines (tasks)"),
+    # network: both ends on the loop under test, one process
+    "tcp_echo_streams": (tcp_echo_streams, 20_000,
+                         "1 KiB echo round trips, one TCP connection, "
+                         "asyncio streams (round trips)"),
+    "tcp_echo_protocol": (tcp_echo_protocol, 20_000,
+                          "1 KiB echo round trips, one TCP connection, "
+                          "asyncio.Protocol both ends (round trips)"),
+    "tcp_bulk": (tcp_bulk, 1024,
+                 "MiB streamed over one TCP connection, streams writer -> "
+                 "Protocol reader (MiB)"),
+    "unix_echo_streams": (unix_echo_streams, 20_000,
+                          "1 KiB echo round trips, one Unix socket, "
+                          "asyncio streams (round trips)"),
+    "short_connections": (short_connections, 8_000,
+                          "TCP connections, 16 concurrent, one small "
+                          "request/reply each then close (connections)"),
+    "getaddrinfo_numeric": (getaddrinfo_numeric, 20_000,
+                            "loop.getaddrinfo('127.0.0.1', 80[, "
+                            "type=SOCK_STREAM]) alternating (calls)"),
+    "split_writes_one": (split_writes_one, 20_000,
+                         "request/1 KiB response round trips, response "
+                         "sent as ONE write (round trips)"),
+    "split_writes_two": (split_writes_two, 20_000,
+                         "request/1 KiB response round trips, response "
+                         "sent as header + body, TWO writes (round trips)"),
 }
+
+#: unit of ``ops`` where it is not obvious from the description
+UNITS: Dict[str, str] = {"tcp_bulk": "MiB"}
+
+#: (single-write workload, split-write workload): compare.py shows their
+#: per-loop ratio
+SPLIT_PAIR = ("split_writes_one", "split_writes_two")
 
 
 def run_workload(name: str, loop_factory: LoopFactory, size: int | None = None

@@ -162,22 +162,18 @@ impl FdWatchers {
         out
     }
 
-    /// Polls `epfd` while anything is registered.
+    /// Polls `epfd` from the first registration on. An empty set never
+    /// reports anything, so the watch stays (starting and stopping it per
+    /// registration would cost libuv epoll_ctl calls on every connection).
     fn update_polling(&mut self) {
         let want = !self.entries.is_empty();
-        if want == self.polling {
+        if !want || self.polling {
             return;
         }
         let Some(poll) = &self.poll else { return };
         // SAFETY: the poll handle is initialised and owned here.
-        unsafe {
-            if want {
-                sys::uv_poll_start(poll.raw(), sys::uv_poll_event_UV_READABLE as i32, Some(on_ready));
-            } else {
-                sys::uv_poll_stop(poll.raw());
-            }
-        }
-        self.polling = want;
+        unsafe { sys::uv_poll_start(poll.raw(), sys::uv_poll_event_UV_READABLE as i32, Some(on_ready)) };
+        self.polling = true;
     }
 
     /// Queues the handlers of every ready descriptor.
