@@ -18,24 +18,19 @@ from ._server import NATIVE_CLIENT_TRACKING, Server
 
 __all__ = ("SocketTransport",)
 
-# Methods served by the native core, bound per instance.
-_NATIVE_METHODS = (
+# The native core's methods bound on each instance: calling them runs no
+# Python code. The rest of the API forwards from Python (class methods below),
+# which saves binding a dozen methods per connection.
+_HOT_METHODS = (
     "write",
     "writelines",
-    "write_eof",
-    "can_write_eof",
     "close",
-    "abort",
     "is_closing",
     "pause_reading",
     "resume_reading",
-    "is_reading",
     "get_write_buffer_size",
-    "get_write_buffer_limits",
-    "set_write_buffer_limits",
-    "get_protocol",
-    "_force_close",
 )
+
 
 def _attach_to(server, transport):
     # asyncio's Server takes the transport from 3.13 on; zuvrs's own Server
@@ -53,16 +48,6 @@ def _detach_from(server, transport):
         server._detach()
 
 
-def _set_nodelay(sock):
-    # As asyncio does for every TCP transport: small writes go out at once.
-    if (
-        sock.family in (socket.AF_INET, socket.AF_INET6)
-        and sock.type == socket.SOCK_STREAM
-        and sock.proto == socket.IPPROTO_TCP
-    ):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
 class SocketTransport(transports._FlowControlMixin):
     """A TCP or Unix stream socket transport; libuv owns the socket's fd.
 
@@ -78,15 +63,15 @@ class SocketTransport(transports._FlowControlMixin):
         asyncio.BaseTransport.__init__(self, extra)
         self._extra["socket"] = trsock.TransportSocket(sock)
         socket_extra(self._extra, sock)
-        _set_nodelay(sock)
         self._loop = loop
         self._sock = sock
         self._sock_fd = sock.fileno()
         self._server = server
         self._protocol_connected = False
+        # The core sets TCP_NODELAY on TCP sockets, as asyncio does.
         core = _zuvrs.StreamCore.open(loop, self._sock_fd, self, sock.family == socket.AF_UNIX)
         self._core = core
-        for name in _NATIVE_METHODS:
+        for name in _HOT_METHODS:
             setattr(self, name, getattr(core, name))
         self.set_protocol(protocol)
         if server is not None:
@@ -101,6 +86,30 @@ class SocketTransport(transports._FlowControlMixin):
     @property
     def _protocol_paused(self):
         return self._core._protocol_paused()
+
+    def write_eof(self):
+        self._core.write_eof()
+
+    def can_write_eof(self):
+        return True
+
+    def abort(self):
+        self._core.abort()
+
+    def is_reading(self):
+        return self._core.is_reading()
+
+    def get_write_buffer_limits(self):
+        return self._core.get_write_buffer_limits()
+
+    def set_write_buffer_limits(self, high=None, low=None):
+        self._core.set_write_buffer_limits(high, low)
+
+    def get_protocol(self):
+        return self._core.get_protocol()
+
+    def _force_close(self, exc):
+        self._core._force_close(exc)
 
     def _wait_drained(self):
         """A future resolved once everything written has been sent."""

@@ -781,6 +781,11 @@ impl StreamCore {
                 h.close_with(on_closed);
                 return Err(uv_error(rc));
             }
+            if !unix {
+                // As asyncio does for every TCP transport. A stream socket
+                // that is not TCP refuses the option; that is fine.
+                sys::uv_tcp_nodelay(&mut *(*raw).handle.tcp, 1);
+            }
             (*raw).keep_alive = Some(core.clone_ref(py));
             (*core.get().state.get()).handle = Some(h);
             (*loop_state).streams.insert(me);
