@@ -306,6 +306,16 @@ fn repr_of(py: Python<'_>, kind: &str, when: Option<f64>, core: &HandleCore) -> 
     if let Some(cb) = &core.callback {
         let helpers = py.import("asyncio.format_helpers")?;
         let func = unsafe { Bound::from_borrowed_ptr(py, cb.func()) };
+        // 3.13+ shows the arguments only in debug mode (gh-112997). asyncio
+        // asks the handle's loop; a zuvrs handle has no loop reference, but
+        // it records a source traceback exactly when created in debug mode.
+        #[cfg(Py_3_13)]
+        let src = {
+            let kwargs = pyo3::types::PyDict::new(py);
+            kwargs.set_item("debug", core.source_traceback.is_some())?;
+            helpers.call_method("_format_callback_source", (func, cb.args_tuple(py)), Some(&kwargs))?
+        };
+        #[cfg(not(Py_3_13))]
         let src = helpers.call_method1("_format_callback_source", (func, cb.args_tuple(py)))?;
         parts.push(src.extract()?);
     }

@@ -338,6 +338,31 @@ def test_handle_repr(loop):
     assert "cancelled" in repr(t)
 
 
+@pytest.mark.parametrize("debug", [False, True])
+def test_callback_args_in_repr_and_error_message(loop, debug):
+    # 3.13+ lists the arguments only in debug mode (gh-112997); before 3.13
+    # always. Compared against what asyncio's own Handle shows on this Python.
+    def failing(*args):
+        raise ValueError("boom")
+
+    loop.set_debug(debug)
+    contexts = collect_exceptions(loop)
+    h = loop.call_soon(failing, 1, "secret")
+    t = loop.call_later(10, failing, 2, "secret")
+    shown = "secret" in repr(h), "secret" in repr(t)
+    run_once(loop)
+    t.cancel()
+    reference = asyncio.SelectorEventLoop()
+    try:
+        reference.set_debug(debug)
+        expected = "secret" in repr(asyncio.Handle(failing, (1, "secret"), reference))
+    finally:
+        reference.close()
+    assert shown == (expected, expected)
+    assert len(contexts) == 1
+    assert ("secret" in contexts[0][1]["message"]) is expected
+
+
 def test_exception_in_timer_callback_goes_to_handler(loop):
     contexts = collect_exceptions(loop)
 

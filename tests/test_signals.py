@@ -6,6 +6,7 @@ kill the whole test session.
 """
 
 import signal
+import sys
 import textwrap
 import threading
 import time
@@ -44,6 +45,16 @@ def test_coroutine_function_rejected(loop):
     with pytest.raises(TypeError, match="coroutines cannot be used with add_signal_handler"):
         loop.add_signal_handler(signal.SIGUSR1, noop_coro)
     assert loop.remove_signal_handler(signal.SIGUSR1) is False
+
+
+def test_add_signal_handler_emits_no_deprecation_warning(loop):
+    # 3.14 deprecates asyncio.iscoroutinefunction(); the loop must not call it.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        loop.add_signal_handler(signal.SIGUSR1, lambda: None)
+    assert loop.remove_signal_handler(signal.SIGUSR1)
 
 
 def test_remove_signal_handler_returns_bool(loop):
@@ -233,6 +244,13 @@ MAIN_BODIES = {
 
 @pytest.mark.parametrize("main_kind", sorted(MAIN_BODIES))
 def test_sigint_interrupts_run(loop_name, main_kind):
+    if loop_name == "asyncio" and main_kind == "busy" and sys.version_info < (3, 11):
+        # 3.10's asyncio.run lets KeyboardInterrupt out of whatever the loop is
+        # doing; when it lands outside the coroutine (say, after _run_once
+        # took the task's step off the ready queue), the step is lost and
+        # run()'s cleanup waits for the main task forever. 3.11's Runner
+        # cancels the main task on Ctrl-C instead.
+        pytest.skip("asyncio 3.10 can hang on Ctrl-C in a busy loop")
     body = textwrap.dedent(MAIN_BODIES[main_kind]) + "run(main())\n"
     proc = spawn_child(loop_name, body)
     try:

@@ -10,6 +10,7 @@ import asyncio
 import errno
 import os
 import socket
+import sys
 import tempfile
 from asyncio import selector_events, trsock
 
@@ -26,6 +27,24 @@ from _support import (
     run,
     wait_until,
 )
+
+
+def skip_asyncio_313_datagram_accounting(loop):
+    """gh-135444: asyncio 3.13 adds 8 header bytes per queued datagram to its
+    write buffer size but never takes them off, so the size never returns to
+    0 (flow control stays paused). Fixed releases have the transport's
+    _header_size; skip the reference where it is missing."""
+    if (
+        isinstance(loop, selector_events.BaseSelectorEventLoop)
+        and sys.version_info >= (3, 13)
+        and not hasattr(selector_events._SelectorDatagramTransport, "_header_size")
+    ):
+        pytest.skip("asyncio 3.13 datagram write buffer accounting (gh-135444)")
+
+
+#: asyncio raises TypeError for a malformed address from 3.11; 3.10 asserts.
+BAD_ADDRESS_ERRORS = TypeError if sys.version_info >= (3, 11) else (TypeError, AssertionError)
+
 
 needs_unix = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no AF_UNIX")
 
@@ -188,9 +207,9 @@ def test_address_arguments_are_checked(loop):
     async def main():
         with pytest.raises(ValueError, match="unexpected address family"):
             await loop.create_datagram_endpoint(DatagramRecorder)
-        with pytest.raises(TypeError, match="2-tuple is expected"):
+        with pytest.raises(BAD_ADDRESS_ERRORS, match="2-tuple is expected"):
             await loop.create_datagram_endpoint(DatagramRecorder, local_addr=("127.0.0.1",))
-        with pytest.raises(TypeError, match="2-tuple is expected"):
+        with pytest.raises(BAD_ADDRESS_ERRORS, match="2-tuple is expected"):
             await loop.create_datagram_endpoint(DatagramRecorder, remote_addr="127.0.0.1:9")
         # A v6 literal asked for as AF_INET has no address information.
         with pytest.raises((ValueError, socket.gaierror)):
@@ -361,7 +380,7 @@ def test_existing_sock(loop):
 def test_existing_sock_is_checked(loop):
     async def main():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-            with pytest.raises(ValueError, match="A UDP Socket was expected"):
+            with pytest.raises(ValueError, match="A (UDP Socket|datagram socket) was expected"):
                 await loop.create_datagram_endpoint(DatagramRecorder, sock=tcp)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
             with pytest.raises(ValueError, match="socket modifier keyword arguments"):
@@ -871,6 +890,7 @@ async def drain_unix_peer(peer, until, timeout=TIMEOUT):
 
 @needs_unix
 def test_write_flow_control(loop, sock_dir):
+    skip_asyncio_313_datagram_accounting(loop)
     async def main():
         t, p, peer, sent = await fill_unix_endpoint(loop, sock_dir, limits={"high": 4000, "low": 1000})
         try:
@@ -893,6 +913,7 @@ def test_write_flow_control(loop, sock_dir):
 
 @needs_unix
 def test_close_flushes_buffered_datagrams(loop, sock_dir):
+    skip_asyncio_313_datagram_accounting(loop)
     async def main():
         t, p, peer, sent = await fill_unix_endpoint(loop, sock_dir)
         try:

@@ -42,6 +42,15 @@ def _fileobj_to_fd(fileobj):
     return fd
 
 
+# 3.13+ lists a callback's arguments in reprs and error messages only in
+# debug mode (gh-112997): _format_callback_source() takes debug=.
+_FORMAT_TAKES_DEBUG = sys.version_info >= (3, 13)
+
+# asyncio.iscoroutinefunction() is deprecated from 3.14 (DeprecationWarning
+# on every call); asyncio itself uses the private, silent one.
+_iscoroutinefunction = getattr(coroutines, "_iscoroutinefunction", None) or coroutines.iscoroutinefunction
+
+
 def _ignore_signal(signum, frame):
     """Python-level handler for signals the loop dispatches itself: the C
     handler has already written the signal number to the wakeup socket."""
@@ -118,7 +127,10 @@ class Loop(_zuvrs.LoopCore, NetworkMixin, asyncio.BaseEventLoop):
     # -- hooks called by the native core ------------------------------------
 
     def _report_callback_error(self, handle, exc, callback, args):
-        source = format_helpers._format_callback_source(callback, args)
+        if _FORMAT_TAKES_DEBUG:
+            source = format_helpers._format_callback_source(callback, args, debug=self.get_debug())
+        else:
+            source = format_helpers._format_callback_source(callback, args)
         context = {
             "message": f"Exception in callback {source}",
             "exception": exc,
@@ -233,7 +245,7 @@ class Loop(_zuvrs.LoopCore, NetworkMixin, asyncio.BaseEventLoop):
 
     def add_signal_handler(self, sig, callback, *args):
         """Call callback(*args) in the loop whenever signal sig arrives."""
-        if coroutines.iscoroutine(callback) or coroutines.iscoroutinefunction(callback):
+        if coroutines.iscoroutine(callback) or _iscoroutinefunction(callback):
             raise TypeError("coroutines cannot be used with add_signal_handler()")
         self._validate_signal(sig)
         self._check_closed()
