@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Compare event loops on the scheduling and network workloads, one fresh
-process per sample.
+"""Compare event loops on the scheduling, network, datagram, pipe and
+process workloads, one fresh process per sample.
 
 Usage (from the repository root)::
 
@@ -10,6 +10,7 @@ Usage (from the repository root)::
     python3 benchmarks/compare.py --samples 9 --json run.json --markdown run.md
     python3 benchmarks/compare.py --size call_soon=200000 --timeout 60
     python3 benchmarks/compare.py --quick --workloads tcp_echo_streams,tcp_echo_protocol,tcp_bulk,unix_echo_streams,short_connections,getaddrinfo_numeric,split_writes_one,split_writes_two
+    python3 benchmarks/compare.py --quick --workloads udp_echo,subprocess_spawn,subprocess_pipe_output,pipe_roundtrip
 
 What it does:
 
@@ -20,11 +21,12 @@ What it does:
   from round to round, each sample in a fresh ``benchmarks/_sample.py``
   process with the default GC settings.
 * A sample counts only if its parity (callbacks counted, checksums, timer
-  order, bytes echoed and checksummed, responses verified, closes seen)
-  equals the expected value. Timeouts (the process group is killed),
-  crashes, exceptions, parity mismatches and "unsupported" (a loop lacking
-  what the workload needs, e.g. rloop and Unix sockets) are recorded and
-  shown in the table cell of that loop; nothing is retried.
+  order, bytes and datagrams echoed and checksummed, responses verified,
+  closes seen, child return codes) equals the expected value. Timeouts
+  (the process group is killed), crashes, exceptions, parity mismatches and
+  "unsupported" (a loop lacking what the workload needs, e.g. rloop and
+  Unix sockets) are recorded and shown in the table cell of that loop;
+  nothing is retried.
 * Output: a summary table (median ops/s per loop, ratios zuvrs/uvloop,
   zuvrs/asyncio, zuvrs/rloop from medians), the ratios over uvloop, and per
   workload the median, min, max and CV of the throughput, the median time,
@@ -43,11 +45,13 @@ What it does:
   is flagged too.
 * stdout gets the markdown; progress lines go to stderr as samples finish.
 
-Network workloads first make one untimed connection on a throwaway loop
-of the same kind (``workloads._prelude``): without it, asyncio's first
-connection in a fresh process runs at about half speed (glibc mmap()s,
-mremap()s and munmap()s its 256 KiB read buffers on every read until the
-first EOF read frees one whole), which no long-running server sees.
+Network workloads (and udp_echo, pipe_roundtrip, subprocess_pipe_output,
+whose transports read with the same 256 KiB buffers) first make one
+untimed connection on a throwaway loop of the same kind
+(``workloads._prelude``): without it, asyncio's first connection in a fresh
+process runs at about half speed (glibc mmap()s, mremap()s and munmap()s
+its 256 KiB read buffers on every read until the first EOF read frees one
+whole), which no long-running server sees.
 ``--no-prelude`` turns it off (diagnostic).
 
 Options: ``--loops``, ``--workloads``, ``--samples K`` (default 5),
@@ -87,6 +91,22 @@ pytest-codspeed suite ``benchmarks/test_benchmarks.py``)::
     split_writes_one    20,000 request / 1 KiB response round trips, the
                         Protocol server answers with one write()
     split_writes_two    the same with two writes (header, then body)
+
+    datagrams, pipes, child processes (the loop under test does both ends):
+    udp_echo               20,000 round trips of 512-byte datagrams between
+                           two create_datagram_endpoint endpoints on
+                           127.0.0.1, one outstanding, CRC-32 checked (a
+                           lost datagram: parity mismatch after the stall
+                           timeout, not a hang)
+    subprocess_spawn       500 create_subprocess_exec('/bin/true') + wait(),
+                           one after the other, return codes checked
+    subprocess_pipe_output 256 MiB written by a child (python -I -S -c) to
+                           its stdout, read with stdout.read(256 KiB) through
+                           asyncio.subprocess.PIPE, counted and its pattern
+                           sampled, throughput in MiB/s
+    pipe_roundtrip         20,000 round trips of 512 bytes over two os.pipe()
+                           pairs, connect_read_pipe / connect_write_pipe at
+                           every end, CRC-32 checked
 
 Time = loop creation + work + loop.close(), measured inside the sample;
 parity checks run after the clock stops. The plain test run
@@ -448,9 +468,11 @@ def info_lines(wr: Dict[str, Any], loops: List[str]) -> List[str]:
     if len(set(socks.values())) > 1:
         lines.append("- **socket options differ between loops** (see above): "
                      "the loops did not do the same work at the kernel level.")
-    if lines:
+    if lines and socks:
         lines.insert(0, "Per loop: socket options as the loop left them "
                         "(client, server), and notes (medians over good samples):")
+    elif lines:
+        lines.insert(0, "Per loop, notes (medians over good samples):")
     return lines
 
 
@@ -715,7 +737,8 @@ def _csv(s: str) -> List[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(
-        description="Compare event loops on scheduling and network workloads "
+        description="Compare event loops on scheduling, network, datagram, "
+                    "pipe and process workloads "
                     "(fresh process per sample).",
         epilog="See the module docstring for details.")
     ap.add_argument("--loops", default=",".join(workloads.LOOP_NAMES),

@@ -1,4 +1,5 @@
-"""pytest-codspeed suite: every scheduling and network workload on every loop.
+"""pytest-codspeed suite: every scheduling, network, datagram, pipe and
+process workload on every loop.
 
     python3 -m pytest benchmarks -q                # plain tests: bodies + parity
     python3 -m pytest benchmarks --codspeed        # timings (pytest-codspeed)
@@ -6,7 +7,8 @@
 Each benchmark is parametrised by loop (asyncio, uvloop, rloop, zuvrs); a
 loop whose package is not importable is skipped, and so is a loop that does
 not support a workload (workloads.Unsupported: rloop has no Unix sockets).
-A network workload runs its server and client on the loop under test. Sizes are small so that
+A network workload runs its server and client on the loop under test (the
+pipe and UDP workloads both ends too). Sizes are small so that
 the plain run takes a few seconds; ZUVRS_BENCH_SCALE=<float> multiplies
 them, ZUVRS_BENCH_LOOPS=asyncio,zuvrs restricts the loops. The workload bodies are shared with compare.py (workloads.py); the
 cross-loop comparison in fresh processes is compare.py's job.
@@ -40,6 +42,10 @@ SIZES = {
     "getaddrinfo_numeric": 500,
     "split_writes_one": 500,
     "split_writes_two": 500,
+    "udp_echo": 500,
+    "subprocess_spawn": 10,
+    "subprocess_pipe_output": 4,  # MiB
+    "pipe_roundtrip": 500,
 }
 assert set(SIZES) == set(workloads.WORKLOADS), "a workload has no test size"
 
@@ -204,6 +210,26 @@ def test_split_writes_one(benchmark, loop_name: str) -> None:
 @pytest.mark.benchmark
 def test_split_writes_two(benchmark, loop_name: str) -> None:
     _bench(benchmark, "split_writes_two", loop_name)
+
+
+@pytest.mark.benchmark
+def test_udp_echo(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "udp_echo", loop_name)
+
+
+@pytest.mark.benchmark
+def test_subprocess_spawn(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "subprocess_spawn", loop_name)
+
+
+@pytest.mark.benchmark
+def test_subprocess_pipe_output(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "subprocess_pipe_output", loop_name)
+
+
+@pytest.mark.benchmark
+def test_pipe_roundtrip(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "pipe_roundtrip", loop_name)
 
 
 def test_every_workload_has_a_benchmark() -> None:
@@ -374,6 +400,141 @@ def test_stalled_exchange_is_reported_not_hung(monkeypatch) -> None:
     assert not result["ok"]
     assert result["parity"]["round_trips"] == 0
     assert "guard" in result["info"]
+
+
+# ---- datagram, pipe and process parity checks ---------------------------
+
+
+def test_lost_datagram_is_reported_not_hung(monkeypatch) -> None:
+    """udp_echo on a loop whose server endpoint silently drops its 5th
+    reply: the watchdog ends the exchange after STALL_S and the parity
+    says how far it got (4 round trips), instead of hanging."""
+    import asyncio
+
+    monkeypatch.setattr(workloads, "STALL_S", 0.5)
+
+    class Lossy(asyncio.SelectorEventLoop):  # type: ignore[misc, valid-type]
+        def _make_datagram_transport(self, sock, protocol, address=None,  # type: ignore[no-untyped-def, override]
+                                     waiter=None, extra=None):
+            tr = super()._make_datagram_transport(sock, protocol, address,
+                                                  waiter, extra)
+            if address is None:  # the server (the client is connected)
+                sendto = tr.sendto
+                sent = [0]
+
+                def lossy_sendto(data, addr=None):  # type: ignore[no-untyped-def]
+                    sent[0] += 1
+                    if sent[0] != 5:
+                        sendto(data, addr)
+
+                tr.sendto = lossy_sendto
+            return tr
+
+    result = workloads.udp_echo(Lossy, 50)
+    assert not result["ok"]
+    assert result["parity"]["round_trips"] == 4
+    assert result["parity"]["server_datagrams"] == 5
+    assert "guard" in result["info"]
+
+
+def test_udp_client_catches_corrupted_echo() -> None:
+    """UdpEchoClientProtocol counts an echo that differs from what was sent
+    (one flipped byte) as a non-match, and the checksum changes."""
+    payloads = workloads._echo_payloads(workloads.DGRAM_SIZE)
+
+    class Tr(_FakeTransport):
+        def sendto(self, data: bytes, addr: object = None) -> None:
+            self.written.append(bytes(data))
+
+    def run(corrupt_at: int) -> "workloads.UdpEchoClientProtocol":
+        st = {"errors": 0}
+        c = workloads.UdpEchoClientProtocol(4, payloads, _Done(), _Done(), st, {})
+        tr = Tr()
+        c.connection_made(tr)
+        for t in range(4):
+            data = bytearray(tr.written[t])
+            if t == corrupt_at:
+                data[100] ^= 1
+            c.datagram_received(bytes(data), ("127.0.0.1", 1))
+        c.datagram_received(tr.written[-1], ("127.0.0.1", 1))  # a duplicate
+        return c
+
+    good, bad = run(-1), run(2)
+    assert good.t == bad.t == 4
+    assert good.matches == 4 and bad.matches == 3
+    assert good.crc != bad.crc
+    assert good.unexpected == 1
+
+
+def test_pipe_client_catches_corrupted_echo() -> None:
+    """PipeClientProtocol reassembles a message read in two pieces, counts
+    a corrupted echo as a non-match, and closes its write end at the end."""
+    payloads = workloads._echo_payloads(workloads.DGRAM_SIZE)
+
+    def run(corrupt_at: int) -> "tuple[workloads.PipeClientProtocol, _FakeTransport]":
+        c = workloads.PipeClientProtocol(4, payloads, _Done(), _Done(), {})
+        out = _FakeTransport()
+        c.out = out
+        c.connection_made(_FakeTransport())
+        for t in range(4):
+            data = bytearray(out.written[t])
+            if t == corrupt_at:
+                data[7] ^= 1
+            c.data_received(bytes(data[:100]))
+            c.data_received(bytes(data[100:]))
+        return c, out
+
+    (good, gout), (bad, _) = run(-1), run(1)
+    assert good.t == bad.t == 4
+    assert good.matches == 4 and bad.matches == 3
+    assert good.crc != bad.crc
+    assert gout.closed and len(gout.written) == 4
+
+
+def test_failed_child_is_a_parity_failure(monkeypatch) -> None:
+    """subprocess_spawn checks return codes: /bin/false fails the parity."""
+    import asyncio
+
+    false = "/bin/false" if os.path.exists("/bin/false") else "false"
+    monkeypatch.setattr(workloads, "TRUE_PATH", false)
+    result = workloads.subprocess_spawn(asyncio.new_event_loop, 3)
+    assert not result["ok"]
+    assert result["parity"]["exited"] == 3
+    assert result["parity"]["returncode_0"] == 0
+
+
+def test_unreaped_child_is_counted() -> None:
+    """subprocess_spawn's after-check finds an exited child nobody reaped."""
+    import subprocess
+    import time
+
+    assert workloads._reap_leftovers() == 0
+    p = subprocess.Popen([workloads.TRUE_PATH])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # until it has exited (not reaped)
+        r = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if r is not None:
+            break
+        time.sleep(0.01)
+    assert workloads._reap_leftovers() == 1
+    p.returncode = 0  # reaped above; keep Popen from waiting for it
+
+
+def test_pipe_output_catches_shifted_bytes(monkeypatch) -> None:
+    """subprocess_pipe_output samples the pattern: a child that writes the
+    right number of bytes, but one chunk rotated by one byte, fails."""
+    import asyncio
+
+    monkeypatch.setattr(workloads, "NETWORK_PRELUDE", False)
+    monkeypatch.setattr(
+        workloads, "PIPE_OUTPUT_CHILD",
+        workloads.PIPE_OUTPUT_CHILD.replace(
+            "for _ in range(full):\n    out(c)\n",
+            "for i in range(full):\n    out(c if i != 2 else c[1:] + c[:1])\n"))
+    result = workloads.subprocess_pipe_output(asyncio.new_event_loop, 2)
+    assert result["parity"]["received"] == 2 * workloads.MIB
+    assert result["parity"]["sampled_mismatches"] > 0
+    assert not result["ok"]
 
 
 def test_prelude(loop_name: str, monkeypatch) -> None:

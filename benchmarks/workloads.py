@@ -29,7 +29,9 @@ what they do; that counting is the same for every loop.
 The scheduling workloads run callbacks, timers and tasks; the network
 workloads (TCP and Unix echo, bulk, short connections, getaddrinfo, split
 writes) run a server and its client on the same loop, in one process; see
-the "Network workloads" section.
+the "Network workloads" section. The datagram, pipe and process workloads
+(UDP echo, pipe echo, child spawns, a child's stdout through a PIPE) follow
+the same rules; see the "Datagram, pipe and process workloads" section.
 
 Nothing here depends on a particular loop: loops are reached only through
 ``loop_factory`` (see ``get_loop_factory``). Runs on CPython 3.10 - 3.14.
@@ -43,6 +45,7 @@ import operator
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -530,10 +533,11 @@ def _prelude(loop_factory: LoopFactory) -> str:
     return out[-1] if out else "failed"
 
 
-def _echo_payloads() -> List[bytes]:
-    """64 distinct 1 KiB payloads, used round-robin (a reordered, lost or
-    repeated round trip changes the comparison and the checksum)."""
-    return [bytes(((k * 131 + j * 7 + (j >> 8)) & 0xFF) for j in range(ECHO_SIZE))
+def _echo_payloads(size: int = ECHO_SIZE) -> List[bytes]:
+    """64 distinct payloads of ``size`` bytes (1 KiB by default), used
+    round-robin (a reordered, lost or repeated round trip changes the
+    comparison and the checksum)."""
+    return [bytes(((k * 131 + j * 7 + (j >> 8)) & 0xFF) for j in range(size))
             for k in range(_N_PAYLOADS)]
 
 
@@ -555,7 +559,8 @@ def _sockopts(transport_or_writer: Any) -> Dict[str, Any]:
         return {"socket": None}
     out: Dict[str, Any] = {}
     try:
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
+        if (sock.family in (socket.AF_INET, socket.AF_INET6)
+                and sock.type == socket.SOCK_STREAM):
             out["nodelay"] = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         out["sndbuf"] = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
         out["rcvbuf"] = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
@@ -1316,6 +1321,547 @@ def split_writes_two(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, An
 
 
 # --------------------------------------------------------------------------
+# Datagram, pipe and process workloads
+#
+# Same rules as the network workloads: everything runs on the loop under
+# test, in this one process (plus the child processes of the subprocess
+# workloads); ``elapsed`` covers creating the loop, the work, closing every
+# transport (and seeing it closed) and closing the loop. Parity is counted
+# on the receiving side (datagrams and pipe echoes compared with what was
+# sent and CRC-32 checksummed, child output counted and its pattern
+# sampled, return codes checked). A stall (a lost datagram, a lost
+# wake-up, a child exit never reported) is cancelled by the same watchdog
+# after STALL_S seconds without progress and shows as a parity mismatch.
+# --------------------------------------------------------------------------
+
+#: bytes per datagram (udp_echo) and per message (pipe_roundtrip)
+DGRAM_SIZE = 512
+
+
+class _UdpEchoServerProtocol(asyncio.DatagramProtocol):
+    """Sends every datagram back to where it came from."""
+
+    def __init__(self, st: Dict[str, Any], info: Dict[str, Any],
+                 closed: Any) -> None:
+        self.st = st
+        self.info = info
+        self.closed = closed
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.info["server_socket"] = _sockopts(transport)
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        st = self.st
+        st["server_datagrams"] += 1
+        st["server_bytes"] += len(data)
+        self.transport.sendto(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        self.st["errors"] += 1
+        self.info.setdefault("server_error", repr(exc))
+
+    def connection_lost(self, exc: Any) -> None:
+        if exc is not None:
+            self.info.setdefault("server_lost", repr(exc))
+        _set_once(self.closed)
+
+
+class UdpEchoClientProtocol(asyncio.DatagramProtocol):
+    """A connected datagram endpoint: sends datagram t, waits for its echo,
+    compares, checksums, sends t + 1 (one datagram outstanding); after n
+    round trips resolves ``done``. An echo that is not the expected payload
+    still counts as a round trip (and fails the comparison)."""
+
+    def __init__(self, n: int, payloads: List[bytes], done: Any,
+                 closed: Any, st: Dict[str, Any],
+                 info: Dict[str, Any]) -> None:
+        self.n = n
+        self.payloads = payloads
+        self.done = done
+        self.closed = closed
+        self.st = st
+        self.info = info
+        self.t = 0
+        self.matches = 0
+        self.crc = 0
+        self.unexpected = 0
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.info["client_socket"] = _sockopts(transport)
+        if self.n > 0:
+            transport.sendto(self.payloads[0])
+        else:
+            _set_once(self.done)
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        t = self.t
+        if t >= self.n:  # an echo after the last one: a duplicate
+            self.unexpected += 1
+            return
+        if data == self.payloads[t % _N_PAYLOADS]:
+            self.matches += 1
+        self.crc = zlib.crc32(data, self.crc)
+        t += 1
+        self.t = t
+        if t < self.n:
+            self.transport.sendto(self.payloads[t % _N_PAYLOADS])
+        else:
+            _set_once(self.done)
+
+    def error_received(self, exc: Exception) -> None:
+        self.st["errors"] += 1
+        self.info.setdefault("client_error", repr(exc))
+
+    def connection_lost(self, exc: Any) -> None:
+        if exc is not None:
+            self.info.setdefault("client_lost", repr(exc))
+        _set_once(self.closed)
+
+
+def udp_echo(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
+    """n sequential round trips of 512-byte datagrams between two
+    create_datagram_endpoint endpoints on 127.0.0.1: a server bound to an
+    ephemeral port that sends every datagram back (sendto(data, addr)) and
+    a client connected to it (remote_addr) with one datagram outstanding;
+    every echo compared with what was sent and CRC-32 checksummed. A lost
+    datagram stops the exchange: the watchdog cancels it after STALL_S
+    seconds and the parity shows how far it got."""
+    payloads = _echo_payloads(DGRAM_SIZE)
+    expected_crc = _expected_echo_crc(n, payloads)
+    st = {"server_datagrams": 0, "server_bytes": 0, "errors": 0,
+          "client_closed": False, "server_closed": False, "finished": False}
+    info: Dict[str, Any] = {}
+    info["prelude"] = _prelude(loop_factory)  # untimed
+    client: List[UdpEchoClientProtocol] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        client_closed = loop.create_future()
+        server_closed = loop.create_future()
+        try:
+            s_tr, _ = await loop.create_datagram_endpoint(
+                lambda: _UdpEchoServerProtocol(st, info, server_closed),
+                local_addr=(HOST, 0))
+        except NotImplementedError as exc:
+            raise _unsupported(loop, "create_datagram_endpoint", exc) from None
+        try:
+            addr = s_tr.get_extra_info("sockname")
+            if addr is None:
+                addr = s_tr.get_extra_info("socket").getsockname()
+            c_tr, proto = await loop.create_datagram_endpoint(
+                lambda: UdpEchoClientProtocol(n, payloads, done, client_closed,
+                                              st, info),
+                remote_addr=tuple(addr[:2]))
+            client.append(proto)
+            try:
+                await done
+            finally:
+                c_tr.close()
+            st["client_closed"] = await _bounded(
+                client_closed, info, "client connection_lost()")
+        finally:
+            s_tr.close()
+            st["server_closed"] = await _bounded(
+                server_closed, info, "server connection_lost()")
+        st["finished"] = True
+
+    run = _Run(loop_factory)
+    with run as loop:
+        _run_guarded(loop, main(), info, lambda: client[0].t if client else 0,
+                     _guard_seconds(n * 10))
+    c = client[0] if client else None
+    return run.result(
+        "udp_echo", n,
+        {"round_trips": c.t if c else 0, "matches": c.matches if c else 0,
+         "checksum": c.crc if c else 0,
+         "unexpected": c.unexpected if c else 0,
+         "server_datagrams": st["server_datagrams"],
+         "server_bytes": st["server_bytes"], "errors": st["errors"],
+         "client_closed": st["client_closed"],
+         "server_closed": st["server_closed"], "finished": st["finished"]},
+        {"round_trips": n, "matches": n, "checksum": expected_crc,
+         "unexpected": 0, "server_datagrams": n,
+         "server_bytes": n * DGRAM_SIZE, "errors": 0, "client_closed": True,
+         "server_closed": True, "finished": True},
+        info,
+    )
+
+
+# ---- pipes ----------------------------------------------------------------
+
+
+class _PipeWriterProtocol(asyncio.BaseProtocol):
+    """Protocol of a write pipe transport: notes its close."""
+
+    def __init__(self, closed: Any, info: Dict[str, Any], what: str) -> None:
+        self.closed = closed
+        self.info = info
+        self.what = what
+
+    def connection_lost(self, exc: Any) -> None:
+        if exc is not None:
+            self.info.setdefault(f"{self.what}_error", repr(exc))
+        _set_once(self.closed)
+
+
+class _PipeEchoProtocol(asyncio.Protocol):
+    """Reads the request pipe and writes what it reads to the reply pipe
+    (``out``, a write pipe transport); on EOF closes the reply pipe."""
+
+    def __init__(self, st: Dict[str, Any], info: Dict[str, Any],
+                 closed: Any) -> None:
+        self.st = st
+        self.info = info
+        self.closed = closed
+        self.out: Any = None
+
+    def data_received(self, data: bytes) -> None:
+        self.st["echo_bytes"] += len(data)
+        self.out.write(data)
+
+    def eof_received(self) -> None:
+        self.st["echo_saw_eof"] = True
+        self.out.close()
+        return None
+
+    def connection_lost(self, exc: Any) -> None:
+        if exc is not None:
+            self.info.setdefault("echo_error", repr(exc))
+        _set_once(self.closed)
+
+
+class PipeClientProtocol(asyncio.Protocol):
+    """Reads the reply pipe. Writes message t to the request pipe
+    (``out``), waits for its 512-byte echo, compares, checksums, writes
+    t + 1; after n round trips closes the request pipe (the echo side then
+    sees EOF and closes the reply pipe) and resolves ``done``."""
+
+    def __init__(self, n: int, payloads: List[bytes], done: Any,
+                 closed: Any, info: Dict[str, Any]) -> None:
+        self.n = n
+        self.payloads = payloads
+        self.done = done
+        self.closed = closed
+        self.info = info
+        self.out: Any = None
+        self.buf = b""
+        self.t = 0
+        self.matches = 0
+        self.crc = 0
+        self.overrun = 0
+        self.reads = 0
+        self.saw_eof = False
+
+    def connection_made(self, transport: Any) -> None:
+        if self.n > 0:
+            self.out.write(self.payloads[0])
+        else:
+            self.out.close()
+            _set_once(self.done)
+
+    def data_received(self, data: bytes) -> None:
+        self.reads += 1
+        buf = self.buf + data if self.buf else data
+        if len(buf) < DGRAM_SIZE:
+            self.buf = buf
+            return
+        if len(buf) > DGRAM_SIZE:  # more than the one message in flight
+            self.overrun += 1
+            buf = buf[:DGRAM_SIZE]
+        self.buf = b""
+        t = self.t
+        if buf == self.payloads[t % _N_PAYLOADS]:
+            self.matches += 1
+        self.crc = zlib.crc32(buf, self.crc)
+        t += 1
+        self.t = t
+        if t < self.n:
+            self.out.write(self.payloads[t % _N_PAYLOADS])
+        else:
+            self.out.close()
+            _set_once(self.done)
+
+    def eof_received(self) -> None:
+        self.saw_eof = True
+        return None
+
+    def connection_lost(self, exc: Any) -> None:
+        if exc is not None:
+            self.info.setdefault("client_error", repr(exc))
+        _set_once(self.closed)
+
+
+def pipe_roundtrip(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
+    """n sequential round trips of 512 bytes over two os.pipe() pairs, all
+    four ends on the loop (connect_read_pipe / connect_write_pipe): the
+    client writes a message to the request pipe, an echo protocol reading
+    that pipe writes it to the reply pipe, the client reads it back,
+    compares and CRC-32 checksums it. At the end the client closes the
+    request pipe; the echo side must see the EOF and close the reply pipe,
+    which the client must see too."""
+    payloads = _echo_payloads(DGRAM_SIZE)
+    expected_crc = _expected_echo_crc(n, payloads)
+    st = {"echo_bytes": 0, "echo_saw_eof": False, "closed": 0,
+          "finished": False}
+    info: Dict[str, Any] = {}
+    info["prelude"] = _prelude(loop_factory)  # untimed
+    client: List[PipeClientProtocol] = []
+    files: List[Any] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        lost = [loop.create_future() for _ in range(4)]
+        transports: List[Any] = []
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        f_req_r = open(req_r, "rb", buffering=0)
+        f_req_w = open(req_w, "wb", buffering=0)
+        f_rep_r = open(rep_r, "rb", buffering=0)
+        f_rep_w = open(rep_w, "wb", buffering=0)
+        files.extend([f_req_r, f_req_w, f_rep_r, f_rep_w])
+        handed: List[Any] = []
+        try:
+            echo = _PipeEchoProtocol(st, info, lost[0])
+            proto = PipeClientProtocol(n, payloads, done, lost[2], info)
+            client.append(proto)
+            try:
+                handed.append(f_rep_w)
+                tr, _ = await loop.connect_write_pipe(
+                    lambda: _PipeWriterProtocol(lost[1], info, "echo_writer"),
+                    f_rep_w)
+            except NotImplementedError as exc:
+                raise _unsupported(loop, "connect_write_pipe", exc) from None
+            transports.append(tr)
+            echo.out = tr
+            handed.append(f_req_r)
+            try:
+                transports.append(
+                    (await loop.connect_read_pipe(lambda: echo, f_req_r))[0])
+            except NotImplementedError as exc:
+                raise _unsupported(loop, "connect_read_pipe", exc) from None
+            handed.append(f_req_w)
+            tr, _ = await loop.connect_write_pipe(
+                lambda: _PipeWriterProtocol(lost[3], info, "client_writer"),
+                f_req_w)
+            transports.append(tr)
+            proto.out = tr
+            handed.append(f_rep_r)
+            # connection_made writes the first message
+            transports.append(
+                (await loop.connect_read_pipe(lambda: proto, f_rep_r))[0])
+            await done
+            # every end must close: the client's writer, then (EOF) the
+            # echo's reader and writer, then (EOF) the client's reader
+            for what, fut in zip(("echo reader", "echo writer",
+                                  "client reader", "client writer"), lost):
+                if await _bounded(fut, info, f"{what} connection_lost()"):
+                    st["closed"] += 1
+        finally:
+            for tr in transports:
+                tr.close()
+            for f in files:
+                if f not in handed:
+                    f.close()
+        st["finished"] = True
+
+    run = _Run(loop_factory)
+    with run as loop:
+        _run_guarded(loop, main(), info, lambda: client[0].t if client else 0,
+                     _guard_seconds(n * 10))
+    c = client[0] if client else None
+    if c is not None and c.t:
+        info["client_reads_per_round_trip"] = round(c.reads / c.t, 3)
+    return run.result(
+        "pipe_roundtrip", n,
+        {"round_trips": c.t if c else 0, "matches": c.matches if c else 0,
+         "checksum": c.crc if c else 0, "overruns": c.overrun if c else 0,
+         "echo_bytes": st["echo_bytes"], "echo_saw_eof": st["echo_saw_eof"],
+         "client_saw_eof": c.saw_eof if c else False,
+         "closed": st["closed"], "finished": st["finished"]},
+        {"round_trips": n, "matches": n, "checksum": expected_crc,
+         "overruns": 0, "echo_bytes": n * DGRAM_SIZE, "echo_saw_eof": True,
+         "client_saw_eof": True, "closed": 4, "finished": True},
+        info,
+    )
+
+
+# ---- child processes --------------------------------------------------------
+
+#: what subprocess_spawn runs
+TRUE_PATH = "/bin/true" if os.path.exists("/bin/true") else (
+    shutil.which("true") or "/bin/true")
+
+
+def subprocess_spawn(loop_factory: LoopFactory, n: int = 500) -> Dict[str, Any]:
+    """n sequential asyncio.create_subprocess_exec('/bin/true') + wait(),
+    stdio inherited; every return code must be 0, and afterwards no exited
+    child may be left unreaped."""
+    st = {"spawned": 0, "exited": 0, "returncode_0": 0, "finished": False}
+    info: Dict[str, Any] = {}
+    if TRUE_PATH != "/bin/true":
+        info["program"] = TRUE_PATH
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        exec_ = asyncio.create_subprocess_exec
+        for i in range(n):
+            try:
+                proc = await exec_(TRUE_PATH)
+            except NotImplementedError as exc:
+                raise _unsupported(loop, "subprocess_exec", exc) from None
+            st["spawned"] += 1
+            try:
+                rc = await proc.wait()
+            finally:
+                if proc.returncode is None:  # cancelled by the watchdog
+                    try:
+                        proc.kill()
+                    except ProcessLookupError:
+                        pass
+            st["exited"] += 1
+            if rc == 0:
+                st["returncode_0"] += 1
+            else:
+                info.setdefault("first_bad_returncode", f"spawn {i}: {rc!r}")
+        st["finished"] = True
+
+    run = _Run(loop_factory)
+    with run as loop:
+        _run_guarded(loop, main(), info, lambda: (st["spawned"], st["exited"]),
+                     _guard_seconds(n * 500))
+    # every child whose wait() returned must have been reaped by the loop
+    # (not timed): reap and count any exited child still left
+    st["left_unreaped"] = _reap_leftovers()
+    return run.result(
+        "subprocess_spawn", n,
+        {k: st[k] for k in ("spawned", "exited", "returncode_0",
+                            "left_unreaped", "finished")},
+        {"spawned": n, "exited": n, "returncode_0": n, "left_unreaped": 0,
+         "finished": True},
+        info,
+    )
+
+
+def _reap_leftovers() -> int:
+    """Reap this process's exited children that nobody reaped; how many."""
+    n = 0
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # no children at all
+            return n
+        if pid == 0:  # children left, none exited
+            return n
+        n += 1
+
+
+#: the child of subprocess_pipe_output: writes argv[1] bytes of the
+#: BULK_PERIOD pattern (bytes(i % 251)) to stdout in 251 KiB writes
+PIPE_OUTPUT_CHILD = (
+    "import os, sys\n"
+    "n = int(sys.argv[1])\n"
+    "c = bytes(range(251)) * 1024\n"
+    "full, rest = divmod(n, len(c))\n"
+    "def out(b):\n"
+    "    v = memoryview(b)\n"
+    "    while v:\n"
+    "        v = v[os.write(1, v):]\n"
+    "for _ in range(full):\n"
+    "    out(c)\n"
+    "if rest:\n"
+    "    out(c[:rest])\n"
+)
+#: bytes asked of each proc.stdout.read()
+PIPE_OUTPUT_READ = 256 * 1024
+
+
+def _child_stdout_kind(pid: int) -> str:
+    """What the child's stdout is (pipe, socket, ...), from /proc (Linux);
+    loops may use socketpairs instead of pipes."""
+    try:
+        link = os.readlink(f"/proc/{pid}/fd/1")
+    except OSError as exc:
+        return f"unknown ({type(exc).__name__})"
+    return link.split(":", 1)[0] if ":[" in link else link
+
+
+def subprocess_pipe_output(loop_factory: LoopFactory,
+                           mib: int = 256) -> Dict[str, Any]:
+    """A child (this interpreter, ``-I -S -c``) writes ``mib`` MiB of the
+    bulk pattern to its stdout, read through asyncio.subprocess.PIPE with
+    ``await proc.stdout.read(256 KiB)`` until EOF; the bytes are counted,
+    three bytes of every read sampled against their position, and the
+    child's return code must be 0. The time includes starting the child
+    (tens of ms, the same for every loop)."""
+    total = mib * MIB
+    st = {"received": 0, "sampled_mismatches": 0, "reads": 0,
+          "returncode": None, "finished": False}
+    info: Dict[str, Any] = {}
+    info["prelude"] = _prelude(loop_factory)  # untimed
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-I", "-S", "-c", PIPE_OUTPUT_CHILD, str(total),
+                stdout=asyncio.subprocess.PIPE)
+        except NotImplementedError as exc:
+            raise _unsupported(loop, "subprocess_exec", exc) from None
+        try:
+            info["child_stdout"] = _child_stdout_kind(proc.pid)
+            read = proc.stdout.read
+            size = PIPE_OUTPUT_READ
+            pos = 0
+            mism = 0
+            reads = 0
+            while True:
+                data = await read(size)
+                k = len(data)
+                if not k:
+                    break
+                m = k >> 1
+                if (data[0] != pos % BULK_PERIOD
+                        or data[m] != (pos + m) % BULK_PERIOD
+                        or data[k - 1] != (pos + k - 1) % BULK_PERIOD):
+                    mism += 1
+                pos += k
+                reads += 1
+                st["received"] = pos
+            st["sampled_mismatches"] = mism
+            st["reads"] = reads
+            st["returncode"] = await proc.wait()
+        finally:
+            if proc.returncode is None:  # cancelled by the watchdog
+                try:
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+                await _bounded(proc.wait(), info, "killed child's wait()")
+        st["finished"] = True
+
+    run = _Run(loop_factory)
+    with run as loop:
+        _run_guarded(loop, main(), info, lambda: st["received"],
+                     _guard_seconds(mib * 100))
+    if st["reads"]:
+        info["mean_read_kib"] = round(st["received"] / st["reads"] / 1024, 1)
+    return run.result(
+        "subprocess_pipe_output", mib,
+        {k: st[k] for k in ("received", "sampled_mismatches", "returncode",
+                            "finished")},
+        {"received": total, "sampled_mismatches": 0, "returncode": 0,
+         "finished": True},
+        info,
+    )
+
+
+# --------------------------------------------------------------------------
 # Registry
 # --------------------------------------------------------------------------
 
@@ -1362,10 +1908,24 @@ WORKLOADS: Dict[str, Any] = {
     "split_writes_two": (split_writes_two, 20_000,
                          "request/1 KiB response round trips, response "
                          "sent as header + body, TWO writes (round trips)"),
+    # datagrams, pipes, child processes
+    "udp_echo": (udp_echo, 20_000,
+                 "512-byte datagram echo round trips between two UDP "
+                 "endpoints on 127.0.0.1, one outstanding (round trips)"),
+    "subprocess_spawn": (subprocess_spawn, 500,
+                         "create_subprocess_exec('/bin/true') + wait(), "
+                         "sequential (processes)"),
+    "subprocess_pipe_output": (subprocess_pipe_output, 256,
+                               "MiB written by a child to its stdout, read "
+                               "through a PIPE with stdout.read(256 KiB) "
+                               "(MiB)"),
+    "pipe_roundtrip": (pipe_roundtrip, 20_000,
+                       "512-byte echo round trips over two os.pipe() pairs, "
+                       "connect_read_pipe / connect_write_pipe (round trips)"),
 }
 
 #: unit of ``ops`` where it is not obvious from the description
-UNITS: Dict[str, str] = {"tcp_bulk": "MiB"}
+UNITS: Dict[str, str] = {"tcp_bulk": "MiB", "subprocess_pipe_output": "MiB"}
 
 #: (single-write workload, split-write workload): compare.py shows their
 #: per-loop ratio
