@@ -12,7 +12,7 @@ import sys
 from asyncio import constants, futures, transports, trsock
 from asyncio.log import logger
 
-from ._fdtransport import FdTransportMixin, socket_extra
+from ._fdtransport import FdReadingMixin, socket_extra
 from ._zuvrs import recv_datagram
 
 __all__ = ("DatagramTransport",)
@@ -23,7 +23,7 @@ _SENDS_EMPTY = sys.version_info >= (3, 13)
 _HEADER_SIZE = 8 if _SENDS_EMPTY else 0
 
 
-class DatagramTransport(FdTransportMixin, transports._FlowControlMixin, asyncio.DatagramTransport):
+class DatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.DatagramTransport):
     max_size = 256 * 1024  # largest datagram read at once
 
     def __init__(self, loop, sock, protocol, address=None, waiter=None, extra=None):
@@ -59,22 +59,6 @@ class DatagramTransport(FdTransportMixin, transports._FlowControlMixin, asyncio.
     def _start_reading(self):
         if not self._closing and not self._paused and self._sock is not None:
             self._watch_readable(self._read_ready)
-
-    # asyncio's datagram transports can pause reading too (undocumented).
-    def is_reading(self):
-        return not self._paused and not self._closing
-
-    def pause_reading(self):
-        if self._closing or self._paused:
-            return
-        self._paused = True
-        self._unwatch_readable()
-
-    def resume_reading(self):
-        if self._closing or not self._paused:
-            return
-        self._paused = False
-        self._start_reading()
 
     def _read_ready(self):
         if self._conn_lost:

@@ -3,7 +3,7 @@ fd through the loop's fd watchers, protocol access and error reports."""
 
 from asyncio.log import logger
 
-__all__ = ("FdTransportMixin", "socket_extra")
+__all__ = ("FdTransportMixin", "FdReadingMixin", "socket_extra")
 
 
 def socket_extra(extra, sock):
@@ -62,3 +62,22 @@ class FdTransportMixin:
             self._loop.call_exception_handler(
                 {"message": message, "exception": exc, "transport": self, "protocol": self._protocol}
             )
+
+
+class FdReadingMixin(FdTransportMixin):
+    """Pausing and resuming reading; needs `_paused` and `_start_reading()`."""
+
+    def is_reading(self):
+        return not self._paused and not self._closing
+
+    def pause_reading(self):
+        if not self.is_reading():
+            return
+        self._paused = True
+        self._unwatch_readable()
+
+    def resume_reading(self):
+        if self._closing or not self._paused:
+            return
+        self._paused = False
+        self._start_reading()

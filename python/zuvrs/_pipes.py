@@ -10,7 +10,7 @@ import stat
 from asyncio import constants, futures, transports
 from asyncio.log import logger
 
-from ._fdtransport import FdTransportMixin
+from ._fdtransport import FdReadingMixin, FdTransportMixin
 from ._zuvrs import read_fd
 
 __all__ = ("ReadPipeTransport", "WritePipeTransport")
@@ -23,7 +23,7 @@ def _pipe_mode(fileno):
     return os.fstat(fileno).st_mode
 
 
-class ReadPipeTransport(FdTransportMixin, transports.ReadTransport):
+class ReadPipeTransport(FdReadingMixin, transports.ReadTransport):
     max_size = 256 * 1024  # most bytes read per readiness event
 
     def __init__(self, loop, pipe, protocol, waiter=None, extra=None):
@@ -41,7 +41,7 @@ class ReadPipeTransport(FdTransportMixin, transports.ReadTransport):
             raise ValueError("Pipe transport is for pipes/sockets only.")
         os.set_blocking(self._fileno, False)
         loop.call_soon(protocol.connection_made, self)
-        loop.call_soon(self._watch)
+        loop.call_soon(self._start_reading)
         if waiter is not None:
             loop.call_soon(futures._set_result_unless_cancelled, waiter, None)
 
@@ -49,7 +49,7 @@ class ReadPipeTransport(FdTransportMixin, transports.ReadTransport):
         state = "closed" if self._pipe is None else ("closing" if self._closing else "open")
         return f"<{type(self).__name__} fd={self._fileno} {state}>"
 
-    def _watch(self):
+    def _start_reading(self):
         if self.is_reading():
             self._watch_readable(self._read_ready)
 
@@ -71,21 +71,6 @@ class ReadPipeTransport(FdTransportMixin, transports.ReadTransport):
         self._unwatch_readable()
         self._loop.call_soon(self._protocol.eof_received)
         self._loop.call_soon(self._call_connection_lost, None)
-
-    def is_reading(self):
-        return not self._paused and not self._closing
-
-    def pause_reading(self):
-        if not self.is_reading():
-            return
-        self._paused = True
-        self._unwatch_readable()
-
-    def resume_reading(self):
-        if self._closing or not self._paused:
-            return
-        self._paused = False
-        self._watch()
 
     def close(self):
         if not self._closing:
