@@ -22,6 +22,9 @@ __all__ = ("DatagramTransport",)
 _SENDS_EMPTY = sys.version_info >= (3, 13)
 _HEADER_SIZE = 8 if _SENDS_EMPTY else 0
 
+# Outcomes of one send attempt.
+_SENT, _BLOCKED, _FAILED = "sent", "blocked", "failed"
+
 
 class DatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.DatagramTransport):
     max_size = 256 * 1024  # largest datagram read at once
@@ -96,47 +99,44 @@ class DatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.Da
             self._conn_lost += 1
             return
         if not self._buffer:
-            try:
-                self._send(data, addr)
+            outcome = self._try_send(data, addr)
+            if outcome is not _BLOCKED:
                 return
-            except (BlockingIOError, InterruptedError):
-                self._watch_writable(self._sendto_ready)
-            except OSError as exc:
-                self._protocol.error_received(exc)
-                return
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self._fatal_error(exc, "Fatal write error on datagram transport")
-                return
+            self._watch_writable(self._sendto_ready)
         # Buffer an immutable copy.
         self._buffer.append((bytes(data), addr))
         self._buffer_size += len(data) + _HEADER_SIZE
         self._maybe_pause_protocol()
 
-    def _send(self, data, addr):
-        if self._extra["peername"]:
-            self._sock.send(data)
-        else:
-            self._sock.sendto(data, addr)
+    def _try_send(self, data, addr):
+        """Send one datagram: _SENT, _BLOCKED (the socket is full), or
+        _FAILED (the error went to error_received / _fatal_error)."""
+        try:
+            if self._extra["peername"]:
+                self._sock.send(data)
+            else:
+                self._sock.sendto(data, addr)
+            return _SENT
+        except (BlockingIOError, InterruptedError):
+            return _BLOCKED
+        except OSError as exc:
+            self._protocol.error_received(exc)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal write error on datagram transport")
+        return _FAILED
 
     def _sendto_ready(self):
         while self._buffer:
             data, addr = self._buffer.popleft()
             self._buffer_size -= len(data) + _HEADER_SIZE
-            try:
-                self._send(data, addr)
-            except (BlockingIOError, InterruptedError):
+            outcome = self._try_send(data, addr)
+            if outcome is _BLOCKED:
                 self._buffer.appendleft((data, addr))
                 self._buffer_size += len(data) + _HEADER_SIZE
                 break
-            except OSError as exc:
-                self._protocol.error_received(exc)
-                return
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self._fatal_error(exc, "Fatal write error on datagram transport")
+            if outcome is _FAILED:
                 return
         self._maybe_resume_protocol()
         if not self._buffer:
