@@ -646,6 +646,26 @@ def _unsupported(loop: Any, what: str, exc: BaseException) -> Unsupported:
                        + (f" ({exc})" if str(exc) else ""))
 
 
+def _take_echo(proto: Any, data: bytes, size: int) -> bool:
+    """Accumulate the echo of the one ``size``-byte payload in flight on a
+    ping-pong client (attributes buf, overrun, t, payloads, matches, crc).
+    True once it is complete: it is then compared, checksummed and counted
+    (``t`` advances)."""
+    buf = proto.buf + data if proto.buf else data
+    if len(buf) < size:
+        proto.buf = buf
+        return False
+    if len(buf) > size:  # more than the one payload in flight
+        proto.overrun += 1
+        buf = buf[:size]
+    proto.buf = b""
+    if buf == proto.payloads[proto.t % _N_PAYLOADS]:
+        proto.matches += 1
+    proto.crc = zlib.crc32(buf, proto.crc)
+    proto.t += 1
+    return True
+
+
 def _set_once(fut: Any) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -816,22 +836,10 @@ class EchoClientProtocol(asyncio.Protocol):
             transport.close()
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf + data if self.buf else data
-        if len(buf) < ECHO_SIZE:
-            self.buf = buf
+        if not _take_echo(self, data, ECHO_SIZE):
             return
-        if len(buf) > ECHO_SIZE:  # more than the one payload in flight
-            self.overrun += 1
-            buf = buf[:ECHO_SIZE]
-        self.buf = b""
-        t = self.t
-        if buf == self.payloads[t % _N_PAYLOADS]:
-            self.matches += 1
-        self.crc = zlib.crc32(buf, self.crc)
-        t += 1
-        self.t = t
-        if t < self.n:
-            self.transport.write(self.payloads[t % _N_PAYLOADS])
+        if self.t < self.n:
+            self.transport.write(self.payloads[self.t % _N_PAYLOADS])
         else:
             self.transport.close()
 
@@ -1566,22 +1574,10 @@ class PipeClientProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.reads += 1
-        buf = self.buf + data if self.buf else data
-        if len(buf) < DGRAM_SIZE:
-            self.buf = buf
+        if not _take_echo(self, data, DGRAM_SIZE):
             return
-        if len(buf) > DGRAM_SIZE:  # more than the one message in flight
-            self.overrun += 1
-            buf = buf[:DGRAM_SIZE]
-        self.buf = b""
-        t = self.t
-        if buf == self.payloads[t % _N_PAYLOADS]:
-            self.matches += 1
-        self.crc = zlib.crc32(buf, self.crc)
-        t += 1
-        self.t = t
-        if t < self.n:
-            self.out.write(self.payloads[t % _N_PAYLOADS])
+        if self.t < self.n:
+            self.out.write(self.payloads[self.t % _N_PAYLOADS])
         else:
             self.out.close()
             _set_once(self.done)
