@@ -299,7 +299,11 @@ def test_write_pipe_write_and_eof(loop, fds):
         t.write(memoryview(b"ghi"))
         t.write(b"")
         t.writelines([b"j", b"k"])
-        assert t.get_write_buffer_size() == 0  # all went straight into the pipe
+        # asyncio writes at once; zuvrs batches a turn's writes (issue 3's
+        # design, shared with sockets) and hands them over before it polls.
+        assert t.get_write_buffer_size() in (0, 11)
+        await asyncio.sleep(0)
+        assert t.get_write_buffer_size() == 0  # all went into the pipe
         assert await read_fd(r, 11) == b"abcdefghijk"
         t.write_eof()
         assert t.is_closing()
@@ -787,6 +791,14 @@ def test_transports_outliving_the_loop(loop_factory, fds):
 
 def test_many_pipes_leave_no_fds(loop):
     async def main():
+        # A first pair lets the loop take its once-only descriptors (libuv
+        # reserves one for EMFILE handling with its first stream).
+        r, w = os.pipe()
+        await loop.connect_read_pipe(RecordingProtocol, open(r, "rb", buffering=0))
+        wt, wp = await loop.connect_write_pipe(RecordingProtocol, open(w, "wb", buffering=0))
+        wt.close()
+        await asyncio.wait_for(wp.lost, TIMEOUT)
+        await asyncio.sleep(0.01)
         before = fd_count()
         for i in range(200):
             r, w = os.pipe()

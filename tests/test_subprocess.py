@@ -677,9 +677,10 @@ def test_1000_spawns_leave_no_fds_or_zombies(loop):
     pids = []
 
     async def main():
-        # Warm up (thread pools, watchers) before counting fds.
-        proc = await asyncio.create_subprocess_exec(TRUE)
-        await proc.wait()
+        # Warm up (thread pools, watchers, a loop's once-only descriptors
+        # such as libuv's EMFILE reserve) before counting fds.
+        proc = await asyncio.create_subprocess_exec(TRUE, stdout=asyncio.subprocess.PIPE)
+        await proc.communicate()
         before = fd_count()
         sem = asyncio.Semaphore(16)
 

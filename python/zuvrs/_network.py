@@ -17,7 +17,7 @@ from asyncio.log import logger
 
 from . import _zuvrs
 from ._datagram import DatagramTransport
-from ._pipes import ReadPipeTransport, WritePipeTransport
+from ._pipes import make_read_pipe_transport, make_write_pipe_transport
 from ._process import SubprocessTransport
 from ._server import NATIVE_CLIENT_TRACKING, apply_keep_alive, upgrade_server
 from ._transports import SocketTransport
@@ -111,10 +111,10 @@ class NetworkMixin:
         return DatagramTransport(self, sock, protocol, address, waiter, extra)
 
     def _make_read_pipe_transport(self, pipe, protocol, waiter=None, extra=None):
-        return ReadPipeTransport(self, pipe, protocol, waiter, extra)
+        return make_read_pipe_transport(self, pipe, protocol, waiter, extra)
 
     def _make_write_pipe_transport(self, pipe, protocol, waiter=None, extra=None):
-        return WritePipeTransport(self, pipe, protocol, waiter, extra)
+        return make_write_pipe_transport(self, pipe, protocol, waiter, extra)
 
     async def _make_subprocess_transport(self, protocol, args, shell, stdin, stdout, stderr, bufsize,
                                          extra=None, **kwargs):

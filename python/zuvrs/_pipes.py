@@ -1,7 +1,11 @@
 """Pipe transports (connect_read_pipe / connect_write_pipe).
 
 They work on pipes, FIFOs, character devices and sockets, as asyncio's Unix
-pipe transports do, and watch their fd with the loop's native fd watchers.
+pipe transports do. Pipes, FIFOs and sockets get a native StreamCore over a
+uv_pipe_t (reads straight to the protocol, writes batched per loop turn);
+character devices (ttys, /dev/null: epoll refuses some of them, and libuv
+aborts on an fd epoll refuses) keep the Python transports below, which watch
+their fd through the loop's own fd watchers.
 """
 
 import errno
@@ -10,10 +14,11 @@ import stat
 from asyncio import constants, futures, transports
 from asyncio.log import logger
 
+from . import _zuvrs
 from ._fdtransport import FdReadingMixin, FdTransportMixin
 from ._zuvrs import read_fd
 
-__all__ = ("ReadPipeTransport", "WritePipeTransport")
+__all__ = ("make_read_pipe_transport", "make_write_pipe_transport")
 
 
 _NATIVE_READ_SIZE = 256 * 1024  # what read_fd reads at most
@@ -23,7 +28,175 @@ def _pipe_mode(fileno):
     return os.fstat(fileno).st_mode
 
 
-class ReadPipeTransport(FdReadingMixin, transports.ReadTransport):
+def make_read_pipe_transport(loop, pipe, protocol, waiter=None, extra=None):
+    mode = _pipe_mode(pipe.fileno())
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return ReadPipeTransport(loop, pipe, protocol, waiter, extra)
+    if stat.S_ISCHR(mode):
+        return FdReadPipeTransport(loop, pipe, protocol, waiter, extra)
+    raise ValueError("Pipe transport is for pipes/sockets only.")
+
+
+def make_write_pipe_transport(loop, pipe, protocol, waiter=None, extra=None):
+    mode = _pipe_mode(pipe.fileno())
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return WritePipeTransport(loop, pipe, protocol, waiter, extra)
+    if stat.S_ISCHR(mode):
+        return FdWritePipeTransport(loop, pipe, protocol, waiter, extra)
+    raise ValueError("Pipe transport is only for pipes, sockets and character devices")
+
+
+class _StreamPipeTransport:
+    """What the native read and write pipe transports share. libuv owns a
+    duplicate of the pipe's fd (closed with the handle); the pipe object
+    itself is closed after connection_lost, as asyncio closes it."""
+
+    _HOT_METHODS = ("close", "is_closing")
+
+    def _open(self, loop, pipe, protocol, extra):
+        self._extra["pipe"] = pipe
+        self._loop = loop
+        self._pipe = pipe
+        self._fileno = pipe.fileno()
+        fd = os.dup(self._fileno)
+        try:
+            self._core = _zuvrs.StreamCore.open(loop, fd, self, pipe=True)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.set_blocking(self._fileno, False)  # as asyncio leaves the pipe
+        for name in self._HOT_METHODS:
+            setattr(self, name, getattr(self._core, name))
+        # asyncio's pipe transports call data_received, even for a
+        # BufferedProtocol.
+        self._core.set_protocol(protocol, False)
+
+    def __repr__(self):
+        if self._pipe is None:
+            state = "closed"
+        elif self._core.is_closing():
+            state = "closing"
+        else:
+            state = "open"
+        return f"<{type(self).__name__} fd={self._fileno} {state}>"
+
+    def set_protocol(self, protocol):
+        self._core.set_protocol(protocol, False)
+
+    def get_protocol(self):
+        return self._core.get_protocol()
+
+    def _report_error(self, message, exc):
+        self._loop.call_exception_handler(
+            {"message": message, "exception": exc, "transport": self, "protocol": self._core.get_protocol()}
+        )
+
+    def _quiet_error(self, exc):
+        return isinstance(exc, OSError)
+
+    def _fatal_error(self, exc, message="Fatal error on pipe transport"):
+        if self._quiet_error(exc):
+            if self._loop.get_debug():
+                logger.debug("%r: %s", self, message, exc_info=True)
+        else:
+            self._report_error(message, exc)
+        self._core._force_close(exc)
+
+    def _call_connection_lost(self, exc):
+        if self._pipe is None:
+            return
+        try:
+            protocol = self._core.get_protocol()
+            if protocol is not None:
+                protocol.connection_lost(exc)
+        finally:
+            self._release()
+
+    def _release(self):
+        pipe, self._pipe = self._pipe, None
+        pipe.close()
+        self._core._close_handle()
+        self._core._forget_protocol()
+
+
+class ReadPipeTransport(_StreamPipeTransport, transports.ReadTransport):
+    _HOT_METHODS = ("close", "is_closing", "pause_reading", "resume_reading", "is_reading")
+
+    def __init__(self, loop, pipe, protocol, waiter=None, extra=None):
+        super().__init__(extra)
+        self._open(loop, pipe, protocol, extra)
+        loop.call_soon(protocol.connection_made, self)
+        # Reading starts only once connection_made() has run.
+        loop.call_soon(self._core.start_reading)
+        if waiter is not None:
+            loop.call_soon(futures._set_result_unless_cancelled, waiter, None)
+
+    def _quiet_error(self, exc):
+        # A pty whose other side closed reads EIO: an ordinary end.
+        return isinstance(exc, OSError) and exc.errno == errno.EIO
+
+
+class WritePipeTransport(_StreamPipeTransport, transports._FlowControlMixin, transports.WriteTransport):
+    _HOT_METHODS = ("close", "is_closing", "write", "writelines", "get_write_buffer_size")
+
+    def __init__(self, loop, pipe, protocol, waiter=None, extra=None):
+        # The flow control is the core's: skip _FlowControlMixin.__init__.
+        transports.BaseTransport.__init__(self, extra)
+        self._open(loop, pipe, protocol, extra)
+        loop.call_soon(protocol.connection_made, self)
+        # The write end turns readable (EOF or error) when the reader goes
+        # away: that is how a closed peer is noticed with nothing to write.
+        self._watching_peer = False
+        loop.call_soon(self._watch_peer)
+        if waiter is not None:
+            loop.call_soon(futures._set_result_unless_cancelled, waiter, None)
+
+    @property
+    def _protocol_paused(self):
+        return self._core._protocol_paused()
+
+    def _watch_peer(self):
+        if self._pipe is not None and not self._core.is_closing():
+            self._watching_peer = True
+            self._loop._set_fd_handler(self._fileno, False, self._peer_closed, ())
+
+    def _peer_closed(self):
+        if self._loop.get_debug():
+            logger.info("%r was closed by peer", self)
+        self._unwatch_peer()
+        self._core._force_close(BrokenPipeError() if self._core.get_write_buffer_size() else None)
+
+    def _unwatch_peer(self):
+        if self._watching_peer:
+            self._watching_peer = False
+            if not self._loop.is_closed():
+                self._loop._clear_fd_handler(self._fileno, False)
+
+    def can_write_eof(self):
+        return True
+
+    def write_eof(self):
+        # A pipe has no half-close: EOF is closing once the buffer is out.
+        self._core.close()
+
+    def abort(self):
+        self._core.abort()
+
+    def get_write_buffer_limits(self):
+        return self._core.get_write_buffer_limits()
+
+    def set_write_buffer_limits(self, high=None, low=None):
+        self._core.set_write_buffer_limits(high, low)
+
+    def _release(self):
+        self._unwatch_peer()
+        super()._release()
+
+
+# -- character devices: Python transports over the loop's fd watchers -----------------
+
+
+class FdReadPipeTransport(FdReadingMixin, transports.ReadTransport):
     max_size = 256 * 1024  # most bytes read per readiness event
 
     def __init__(self, loop, pipe, protocol, waiter=None, extra=None):
@@ -94,7 +267,7 @@ class ReadPipeTransport(FdReadingMixin, transports.ReadTransport):
             self._protocol = None
 
 
-class WritePipeTransport(FdTransportMixin, transports._FlowControlMixin, transports.WriteTransport):
+class FdWritePipeTransport(FdTransportMixin, transports._FlowControlMixin, transports.WriteTransport):
     def __init__(self, loop, pipe, protocol, waiter=None, extra=None):
         super().__init__(extra, loop)
         self._extra["pipe"] = pipe

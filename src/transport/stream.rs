@@ -1,5 +1,5 @@
-//! Stream transports over `uv_tcp_t` (TCP) and `uv_pipe_t` (Unix sockets;
-//! pipes later).
+//! Stream transports over `uv_tcp_t` (TCP) and `uv_pipe_t` (Unix sockets,
+//! and the pipe transports of `connect_read_pipe` / `connect_write_pipe`).
 //!
 //! Reads land in the loop's scratch buffer and become one exactly-sized
 //! `bytes` per read, passed to `protocol.data_received` (or copied into a
@@ -128,6 +128,13 @@ struct StreamState {
     high_water: usize,
     low_water: usize,
     protocol_paused: bool,
+    /// A pipe transport (asyncio's `_UnixReadPipeTransport` /
+    /// `_UnixWritePipeTransport` semantics): EOF schedules eof_received and
+    /// then closes, whatever eof_received returns; writes after close() are
+    /// dropped; errors speak of a "pipe transport".
+    pipe_mode: bool,
+    /// Writes dropped before connection_lost was scheduled (pipes).
+    dropped_writes: u32,
 }
 
 #[pyclass(module = "zuvrs._zuvrs", name = "StreamCore", frozen)]
@@ -179,6 +186,14 @@ impl StreamCore {
         let wrapper = unsafe { self.st().wrapper.clone_ref(py) };
         wrapper.call_method1(py, pyo3::intern!(py, "_fatal_error"), (exc.into_value(py), message))?;
         Ok(())
+    }
+
+    fn msg_write_error(&self) -> &'static str {
+        if unsafe { self.st().pipe_mode } {
+            "Fatal write error on pipe transport"
+        } else {
+            "Fatal write error on socket transport"
+        }
     }
 
     fn start_read(&self) -> Result<(), i32> {
@@ -313,7 +328,7 @@ impl StreamCore {
             let dropped: Vec<Chunk> = st.queue.drain(..).collect();
             st.queued_bytes = 0;
             drop(dropped);
-            return self.fatal_error(py, uv_error(n), "Fatal write error on socket transport");
+            return self.fatal_error(py, uv_error(n), self.msg_write_error());
         }
         let mut done = n.max(0) as usize;
         st.queued_bytes -= done;
@@ -390,7 +405,7 @@ impl StreamCore {
             let st = unsafe { self.st() };
             st.in_flight_bytes -= req.bytes;
             drop(req);
-            return self.fatal_error(py, uv_error(rc), "Fatal write error on socket transport");
+            return self.fatal_error(py, uv_error(rc), self.msg_write_error());
         }
         st.writing = true;
         Ok(())
@@ -482,7 +497,12 @@ impl StreamCore {
             self.on_eof(py)
         } else if nread < 0 {
             self.stop_read();
-            self.fatal_error(py, uv_error(nread as i32), "Fatal read error on socket transport")
+            let message = if unsafe { self.st().pipe_mode } {
+                "Fatal read error on pipe transport"
+            } else {
+                "Fatal read error on socket transport"
+            };
+            self.fatal_error(py, uv_error(nread as i32), message)
         } else {
             Ok(())
         };
@@ -514,6 +534,9 @@ impl StreamCore {
 
     fn on_eof(&self, py: Python<'_>) -> PyResult<()> {
         self.stop_read();
+        if unsafe { self.st().pipe_mode } {
+            return self.pipe_eof(py);
+        }
         let Some(protocol) = (unsafe { self.st().protocol.as_ref().map(|p| p.clone_ref(py)) }) else { return Ok(()) };
         match protocol.call_method0(py, pyo3::intern!(py, "eof_received")) {
             Ok(keep_open) => {
@@ -527,6 +550,20 @@ impl StreamCore {
         }
     }
 
+    /// A read pipe's EOF: asyncio schedules eof_received() and then
+    /// connection_lost(None); the transport is closing from now on.
+    fn pipe_eof(&self, py: Python<'_>) -> PyResult<()> {
+        let st = unsafe { self.st() };
+        st.closing = true;
+        st.conn_lost += 1;
+        if let Some(protocol) = st.protocol.as_ref().map(|p| p.clone_ref(py)) {
+            let loop_obj = st.loop_obj.clone_ref(py);
+            let cb = protocol.getattr(py, pyo3::intern!(py, "eof_received"))?;
+            loop_obj.call_method1(py, pyo3::intern!(py, "call_soon"), (cb,))?;
+        }
+        self.schedule_connection_lost(py, None)
+    }
+
     fn on_write_done(&self, py: Python<'_>, bytes: usize, status: i32) -> PyResult<()> {
         let st = unsafe { self.st() };
         st.writing = false;
@@ -535,7 +572,7 @@ impl StreamCore {
             return Ok(());
         }
         if status < 0 {
-            return self.fatal_error(py, uv_error(status), "Fatal write error on socket transport");
+            return self.fatal_error(py, uv_error(status), self.msg_write_error());
         }
         self.submit(py)?;
         self.maybe_resume_protocol(py)?;
@@ -714,8 +751,12 @@ impl StreamCore {
     /// Wraps a connected stream socket's fd (libuv takes the fd over) for
     /// the Python transport `wrapper`: TCP, or a Unix socket when `unix`.
     #[staticmethod]
-    #[pyo3(signature = (loop_obj, fd, wrapper, unix=false))]
-    fn open(py: Python<'_>, loop_obj: &Bound<'_, PyAny>, fd: i32, wrapper: Py<PyAny>, unix: bool) -> PyResult<Py<StreamCore>> {
+    ///
+    /// With `pipe`, `fd` is a pipe, FIFO or socket of a pipe transport; it
+    /// must be one epoll accepts (libuv aborts on an fd epoll refuses).
+    #[pyo3(signature = (loop_obj, fd, wrapper, unix=false, pipe=false))]
+    fn open(py: Python<'_>, loop_obj: &Bound<'_, PyAny>, fd: i32, wrapper: Py<PyAny>, unix: bool, pipe: bool) -> PyResult<Py<StreamCore>> {
+        let unix = unix || pipe;
         let core_loop = loop_obj.cast::<LoopCore>()?.get();
         let loop_state = core_loop.state_ptr();
         let uv_loop = unsafe { (*loop_state).uv_loop() }.ok_or_else(|| PyRuntimeError::new_err("Event loop is closed"))?;
@@ -748,6 +789,8 @@ impl StreamCore {
                     high_water: DEFAULT_HIGH_WATER,
                     low_water: DEFAULT_HIGH_WATER / 4,
                     protocol_paused: false,
+                    pipe_mode: pipe,
+                    dropped_writes: 0,
                 }),
             },
         )?;
@@ -834,12 +877,26 @@ impl StreamCore {
         if len == 0 {
             return Ok(());
         }
-        if st.conn_lost > 0 || st.handle.is_none() {
-            if st.conn_lost >= LOG_THRESHOLD_FOR_CONNLOST_WRITES {
+        if st.conn_lost > 0 || st.handle.is_none() || (st.pipe_mode && st.closing) {
+            // Dropped, as asyncio drops writes to a lost connection (and, for
+            // pipes, to a closing one), warning after a few.
+            let dropped = st.conn_lost + st.dropped_writes;
+            if dropped >= LOG_THRESHOLD_FOR_CONNLOST_WRITES {
                 let logger = py.import("asyncio.log")?.getattr("logger")?;
-                logger.call_method1("warning", ("socket.send() raised exception.",))?;
+                let message = if st.pipe_mode {
+                    "pipe closed by peer or os.write(pipe, data) raised exception."
+                } else {
+                    "socket.send() raised exception."
+                };
+                logger.call_method1("warning", (message,))?;
             }
-            st.conn_lost += 1;
+            // conn_lost doubles as "connection_lost scheduled": count drops
+            // separately while that has not happened yet.
+            if st.conn_lost > 0 {
+                st.conn_lost += 1;
+            } else {
+                st.dropped_writes += 1;
+            }
             return Ok(());
         }
         self.enqueue(py, chunk, len)
