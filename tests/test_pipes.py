@@ -7,6 +7,7 @@ work on pipes, FIFOs, sockets and character devices (ttys, /dev/null).
 
 import asyncio
 import errno
+import fcntl
 import hashlib
 import os
 import socket
@@ -253,6 +254,7 @@ def test_read_pipe_set_protocol(loop, fds):
 
 def test_read_pipe_large_transfer(loop, fds):
     r, w = fds.pipe()
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 * MiB)  # room for reads of 256 KiB
     data = payload(8 * MiB, seed=11)
 
     async def main():
@@ -814,5 +816,48 @@ def test_many_pipes_leave_no_fds(loop):
             assert bytes(rp.data) == b"%d" % i
         await asyncio.sleep(0.01)
         assert fd_count() == before
+
+    run(loop, main())
+
+
+class KeepingProtocol(asyncio.Protocol):
+    """Keeps every bytes object it is given (no copy), and checks each one's
+    hash against a fresh copy's when it arrives."""
+
+    def __init__(self):
+        self.chunks = []
+        self.bad_hashes = 0
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data):
+        if hash(data) != hash(bytes(bytearray(data))):
+            self.bad_hashes += 1
+        if len(self.chunks) % 2:
+            # Every other chunk is only hashed and dropped: its object may
+            # be reused for a later read, which must not disturb the rest.
+            self.chunks.append(bytes(bytearray(data)))
+        else:
+            self.chunks.append(data)
+
+    def connection_lost(self, exc):
+        self.lost.set_result(exc)
+
+
+def test_read_pipe_large_reads_kept_and_dropped(loop, fds):
+    """Large reads may hand the protocol the loop's own read buffer: data a
+    protocol keeps stays intact, and a buffer's cached hash is never stale."""
+    r, w = fds.pipe()
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 * MiB)  # room for reads of 256 KiB
+    data = payload(8 * MiB, seed=11)
+
+    async def main():
+        t, p = await loop.connect_read_pipe(KeepingProtocol, fds.file(r, "rb"))
+        wt, wp = await loop.connect_write_pipe(RecordingProtocol, fds.file(w, "wb"))
+        for i in range(0, len(data), 1 * MiB):
+            wt.write(data[i:i + MiB])
+        wt.close()
+        assert await asyncio.wait_for(p.lost, TIMEOUT) is None
+        assert p.bad_hashes == 0
+        assert sha(b"".join(p.chunks)) == sha(data)
 
     run(loop, main())

@@ -813,7 +813,7 @@ def test_child_closes_stdin_with_data_buffered(loop):
             SubprocessRecorder, SH, "-c", "sleep 0.1; exec 0<&-; sleep 0.2", stdout=None, stderr=None,
         )
         stdin = t.get_pipe_transport(0)
-        stdin.write(b"x" * (1 * MiB))  # more than the pipe holds
+        stdin.write(b"x" * (4 * MiB))  # more than the pipe holds (zuvrs widens pipes to 1 MiB)
         assert stdin.get_write_buffer_size() > 0
         assert await asyncio.wait_for(p.lost, TIMEOUT) is None
         lost = [e for e in p.events if e[0] == "pipe_lost"]
@@ -977,3 +977,36 @@ def test_pipesize(loop):
         assert out == data
 
     run(loop, main(), 20)
+
+
+def test_fast_child_output_stays_bounded_in_memory(loop):
+    """A child writing faster than the reader consumes: the stream reader
+    pauses its pipe, and what it buffers stays near its limit (reads are not
+    piled up ahead of the protocol's pause)."""
+    total = 32 * MiB
+    child = (
+        "import os\n"
+        "c = b'z' * (256 * 1024)\n"
+        f"for _ in range({total} // len(c)):\n"
+        "    v = memoryview(c)\n"
+        "    while v:\n"
+        "        v = v[os.write(1, v):]\n"
+    )
+
+    async def main():
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", "-c", child, stdout=asyncio.subprocess.PIPE)
+        received = most = 0
+        while True:
+            most = max(most, len(proc.stdout._buffer))
+            chunk = await proc.stdout.read(64 * 1024)
+            if not chunk:
+                break
+            received += len(chunk)
+            await asyncio.sleep(0)
+        assert await proc.wait() == 0
+        return received, most
+
+    received, most = run(loop, main(), 60)
+    assert received == total
+    assert most <= 1 * MiB, most

@@ -7,6 +7,7 @@ a pidfd watched by the loop (a blocking ``waitpid`` thread where pidfds are
 not available), and every child is reaped, also when the loop closes first.
 """
 
+import fcntl
 import os
 import subprocess
 import threading
@@ -22,6 +23,26 @@ class SubprocessTransport(base_subprocess.BaseSubprocessTransport):
             args, shell=shell, stdin=stdin, stdout=stdout, stderr=stderr,
             universal_newlines=False, bufsize=bufsize, **kwargs,
         )
+        if kwargs.get("pipesize", -1) <= 0:
+            _widen_pipes(self._proc)
+
+
+# A child's bulk output then arrives in reads of up to the loop's read size
+# instead of the kernel's default 64 KiB pipe (a quarter of the system calls
+# and wake-ups). 1 MiB is Linux's default limit for unprivileged processes.
+_PIPE_SIZE = 1024 * 1024
+
+
+def _widen_pipes(proc):
+    """Grow the pipes Popen made (the caller did not choose a pipesize)."""
+    if not hasattr(fcntl, "F_SETPIPE_SZ"):
+        return
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            try:
+                fcntl.fcntl(f.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+            except OSError:
+                pass  # over the user's pipe quota, or a lower limit: keep it
 
 
 def _exit_code(pid):

@@ -87,12 +87,15 @@ pub(crate) struct LoopState {
     /// A KeyboardInterrupt or SystemExit raised by Python code that ran
     /// inside a libuv callback: re-raised once `uv_run` returns.
     pending_error: Option<PyErr>,
-    /// Scratch buffer stream reads land in before they become `bytes`.
-    pub(crate) read_buf: Vec<u8>,
+    /// The `bytes` stream reads land in (see transport::stream::ReadBuffer).
+    pub(crate) read_buf: crate::transport::stream::ReadBuffer,
     /// Open stream transports, closed with the loop (their fds included).
     pub(crate) streams: HashSet<*const StreamCore>,
     /// Transports written to during this turn, flushed before the next poll.
     pub(crate) flush_list: Vec<Py<StreamCore>>,
+    /// Streams whose reading paused after a full read, resumed before the
+    /// next poll (see StreamCore::on_read).
+    pub(crate) rearm_list: Vec<Py<StreamCore>>,
     /// Set by libuv callbacks that saw I/O during the current poll.
     pub(crate) io_seen: bool,
 }
@@ -402,9 +405,10 @@ impl LoopCore {
             debug: false,
             thread_id: None,
             pending_error: None,
-            read_buf: Vec::new(),
+            read_buf: Default::default(),
             streams: HashSet::new(),
             flush_list: Vec::new(),
+            rearm_list: Vec::new(),
             io_seen: false,
         }));
         let sp = state.get();
@@ -558,6 +562,7 @@ impl LoopCore {
         // Streams close their libuv handles (and fds) with the loop.
         let streams: Vec<*const StreamCore> = st.streams.drain().collect();
         let unflushed = std::mem::take(&mut st.flush_list);
+        let unarmed = std::mem::take(&mut st.rearm_list);
         for s in streams {
             unsafe { (*s).close_handle() };
         }
@@ -578,6 +583,7 @@ impl LoopCore {
             release_handle(h);
         }
         drop(unflushed);
+        drop(unarmed);
         self.release_callbacks();
     }
 

@@ -1,9 +1,10 @@
 //! Stream transports over `uv_tcp_t` (TCP) and `uv_pipe_t` (Unix sockets,
 //! and the pipe transports of `connect_read_pipe` / `connect_write_pipe`).
 //!
-//! Reads land in the loop's scratch buffer and become one exactly-sized
-//! `bytes` per read, passed to `protocol.data_received` (or copied into a
-//! BufferedProtocol's buffer). Writes are batched per loop turn: `write()`
+//! Reads land in the loop's read buffer, itself a `bytes` object: a read
+//! that fills it is passed to `protocol.data_received` as is, and a shorter
+//! one as an exactly-sized copy (see `ReadBuffer`). A BufferedProtocol's
+//! reads go straight into the buffer its `get_buffer()` lends. Writes are batched per loop turn: `write()`
 //! only queues (`bytes` by reference, never copied; other buffers copied) and
 //! links the transport into the loop's flush list; before the loop next polls,
 //! `flush_all` tries one vectored `uv_try_write` per transport, and what the
@@ -34,8 +35,66 @@ use crate::uv::{sys, HandleBox, UvHandle};
 const DEFAULT_HIGH_WATER: usize = 64 * 1024;
 /// After this many writes to a lost connection asyncio starts warning.
 const LOG_THRESHOLD_FOR_CONNLOST_WRITES: u32 = 5;
-/// Size of the loop's read scratch buffer.
+/// Size of the loop's read buffer: the most one read takes.
 const READ_BUF_SIZE: usize = 256 * 1024;
+
+/// The buffer every stream of a loop reads into (libuv asks for memory
+/// just before each read and reports the read at once, so one suffices).
+///
+/// It is a `bytes` object of READ_BUF_SIZE. A read that fills it (bulk
+/// transfers) is handed to data_received without a copy; if the protocol
+/// kept no reference (asyncio's StreamReader copies what it gets), the same
+/// object serves the next read. Besides a copy this saves a large
+/// allocation per read, which glibc serves by growing and trimming the heap:
+/// page faults that cost more than the copy.
+#[derive(Default)]
+pub(crate) struct ReadBuffer {
+    bytes: Option<Py<PyBytes>>,
+}
+
+impl ReadBuffer {
+    /// Memory for the next read: READ_BUF_SIZE bytes, or None when out of
+    /// memory.
+    fn get(&mut self, py: Python<'_>) -> Option<*mut u8> {
+        if self.bytes.is_none() {
+            // SAFETY: a NULL source makes an uninitialised bytes object,
+            // which only this buffer sees until a read has filled it.
+            let raw = unsafe { pyo3::ffi::PyBytes_FromStringAndSize(ptr::null(), READ_BUF_SIZE as pyo3::ffi::Py_ssize_t) };
+            if raw.is_null() {
+                drop(PyErr::take(py));
+                return None;
+            }
+            self.bytes = Some(unsafe { Bound::from_owned_ptr(py, raw).cast_into_unchecked::<PyBytes>() }.unbind());
+        }
+        let bytes = self.bytes.as_ref().expect("allocated above");
+        Some(unsafe { pyo3::ffi::PyBytes_AsString(bytes.as_ptr()) } as *mut u8)
+    }
+
+    /// What the last read put in the buffer, as a `bytes` of its own: the
+    /// buffer itself when the read filled it.
+    fn take<'py>(&mut self, py: Python<'py>, n: usize) -> Option<Bound<'py, PyBytes>> {
+        let bytes = self.bytes.as_ref()?.bind(py);
+        if n < READ_BUF_SIZE {
+            return Some(PyBytes::new(py, &bytes.as_bytes()[..n]));
+        }
+        self.bytes.take().map(|b| b.into_bound(py))
+    }
+
+    /// Takes back a full read's `bytes` once the protocol is done with it,
+    /// if nobody else holds it.
+    fn give_back(&mut self, bytes: Bound<'_, PyBytes>) {
+        if self.bytes.is_some() || unsafe { pyo3::ffi::Py_REFCNT(bytes.as_ptr()) } != 1 || bytes.as_bytes().len() != READ_BUF_SIZE {
+            return;
+        }
+        // SAFETY: the only reference is ours, so the object can be rewritten;
+        // its cached hash (if anyone hashed it) must go with the contents.
+        #[allow(deprecated)]
+        unsafe {
+            (*(bytes.as_ptr() as *mut pyo3::ffi::PyBytesObject)).ob_shash = -1;
+        }
+        self.bytes = Some(bytes.unbind());
+    }
+}
 
 /// The libuv stream behind a transport: TCP, or a pipe for Unix sockets.
 #[repr(C)]
@@ -186,6 +245,14 @@ impl StreamCore {
         let wrapper = unsafe { self.st().wrapper.clone_ref(py) };
         wrapper.call_method1(py, pyo3::intern!(py, "_fatal_error"), (exc.into_value(py), message))?;
         Ok(())
+    }
+
+    fn msg_read_error(&self) -> &'static str {
+        if unsafe { self.st().pipe_mode } {
+            "Fatal read error on pipe transport"
+        } else {
+            "Fatal read error on socket transport"
+        }
     }
 
     fn msg_write_error(&self) -> &'static str {
@@ -492,17 +559,13 @@ impl StreamCore {
             }
         }
         let result = if nread > 0 {
-            self.deliver(py, nread as usize)
+            let full = nread as usize == READ_BUF_SIZE;
+            self.deliver(py, nread as usize).and_then(|()| if full { self.hold_reading_until_next_poll(py) } else { Ok(()) })
         } else if nread == sys::uv_errno_t_UV_EOF as isize {
             self.on_eof(py)
         } else if nread < 0 {
             self.stop_read();
-            let message = if unsafe { self.st().pipe_mode } {
-                "Fatal read error on pipe transport"
-            } else {
-                "Fatal read error on socket transport"
-            };
-            self.fatal_error(py, uv_error(nread as i32), message)
+            self.fatal_error(py, uv_error(nread as i32), self.msg_read_error())
         } else {
             Ok(())
         };
@@ -511,11 +574,29 @@ impl StreamCore {
         }
     }
 
-    /// Hands `n` bytes from the scratch buffer to `protocol.data_received`.
+    /// After a read that filled the buffer (more is likely waiting), reading
+    /// pauses until just before the next poll: one full read per stream per
+    /// turn, as asyncio's one recv per readiness event. Otherwise libuv reads
+    /// up to 32 times in a row, and a protocol that processes data in a
+    /// later callback (asyncio's subprocess protocols do) cannot pause the
+    /// flow in time: a fast child then fills memory with megabytes.
+    fn hold_reading_until_next_poll(&self, py: Python<'_>) -> PyResult<()> {
+        if !unsafe { self.st().reading } {
+            return Ok(());
+        }
+        self.stop_read();
+        let me = unsafe { Bound::from_borrowed_ptr(py, self.py_ptr()) }.cast_into::<StreamCore>()?.unbind();
+        self.loop_state().rearm_list.push(me);
+        Ok(())
+    }
+
+    /// Hands `n` bytes from the read buffer to `protocol.data_received`.
     fn deliver(&self, py: Python<'_>, n: usize) -> PyResult<()> {
         let Some(protocol) = (unsafe { self.st().protocol.as_ref().map(|p| p.clone_ref(py)) }) else { return Ok(()) };
-        let bytes = PyBytes::new(py, &self.loop_state().read_buf[..n]);
-        match protocol.call_method1(py, pyo3::intern!(py, "data_received"), (bytes,)) {
+        let Some(bytes) = self.loop_state().read_buf.take(py, n) else { return Ok(()) };
+        let result = protocol.call_method1(py, pyo3::intern!(py, "data_received"), (&bytes,));
+        self.loop_state().read_buf.give_back(bytes);
+        match result {
             Ok(_) => Ok(()),
             Err(err) if is_fatal_base(py, &err) => Err(err),
             Err(err) => self.fatal_error(py, err, "Fatal error: protocol.data_received() call failed."),
@@ -580,9 +661,22 @@ impl StreamCore {
     }
 }
 
-/// Flushes every transport written to during this turn (called by the loop
-/// before it polls).
+/// Called by the loop before it polls: flushes every transport written to
+/// during this turn and resumes the reads held back after a full read.
 pub(crate) fn flush_all(py: Python<'_>, loop_state: *mut LoopState) -> PyResult<()> {
+    let held = std::mem::take(unsafe { &mut (*loop_state).rearm_list });
+    for core in held {
+        let core = core.get();
+        // Unless paused or closed meanwhile.
+        if let Err(rc) = core.start_read() {
+            if let Err(err) = core.fatal_error(py, uv_error(rc), core.msg_read_error()) {
+                if is_fatal_base(py, &err) {
+                    return Err(err);
+                }
+                err.write_unraisable(py, None);
+            }
+        }
+    }
     loop {
         let batch = std::mem::take(unsafe { &mut (*loop_state).flush_list });
         if batch.is_empty() {
@@ -669,11 +763,12 @@ unsafe fn read_target(core: &StreamCore, buf: *mut sys::uv_buf_t) {
                 return;
             }
         }
-        let ls = core.loop_state();
-        if ls.read_buf.len() < READ_BUF_SIZE {
-            ls.read_buf.resize(READ_BUF_SIZE, 0);
-        }
-        *buf = sys::uv_buf_init(ls.read_buf.as_mut_ptr() as *mut _, READ_BUF_SIZE as u32);
+        let py = Python::assume_attached();
+        *buf = match core.loop_state().read_buf.get(py) {
+            Some(p) => sys::uv_buf_init(p as *mut _, READ_BUF_SIZE as u32),
+            // libuv reports UV_ENOBUFS for an empty buffer.
+            None => sys::uv_buf_init(ptr::null_mut(), 0),
+        };
     }
 }
 
