@@ -559,7 +559,7 @@ impl StreamCore {
             }
         }
         let result = if nread > 0 {
-            let full = nread as usize == READ_BUF_SIZE;
+            let full = nread as usize == READ_BUF_SIZE && unsafe { self.st().pipe_mode };
             self.deliver(py, nread as usize).and_then(|()| if full { self.hold_reading_until_next_poll(py) } else { Ok(()) })
         } else if nread == sys::uv_errno_t_UV_EOF as isize {
             self.on_eof(py)
@@ -574,12 +574,14 @@ impl StreamCore {
         }
     }
 
-    /// After a read that filled the buffer (more is likely waiting), reading
-    /// pauses until just before the next poll: one full read per stream per
-    /// turn, as asyncio's one recv per readiness event. Otherwise libuv reads
-    /// up to 32 times in a row, and a protocol that processes data in a
-    /// later callback (asyncio's subprocess protocols do) cannot pause the
-    /// flow in time: a fast child then fills memory with megabytes.
+    /// After a pipe read that filled the buffer (more is likely waiting),
+    /// reading pauses until just before the next poll: one full read per
+    /// turn, as asyncio's one read per readiness event. Otherwise libuv reads
+    /// up to 32 times in a row, and asyncio's subprocess protocols, which
+    /// pass data on in a later callback, cannot pause the flow in time: a
+    /// fast child then fills memory with megabytes. Sockets keep libuv's
+    /// bursts (their protocols pause synchronously; holding back halves
+    /// bulk TCP throughput, measured with benchmarks/compare.py tcp_bulk).
     fn hold_reading_until_next_poll(&self, py: Python<'_>) -> PyResult<()> {
         if !unsafe { self.st().reading } {
             return Ok(());
