@@ -1,5 +1,6 @@
 //! `getaddrinfo`: address literals answered natively, names through
-//! `uv_getaddrinfo` on libuv's thread pool.
+//! `uv_getaddrinfo` on libuv's thread pool; `getnameinfo` lookups through
+//! `uv_getnameinfo` there too.
 //!
 //! A numeric host with a numeric port never reaches the resolver: the answer
 //! is built from the parsed address, with the `socket.AddressFamily` /
@@ -282,36 +283,39 @@ unsafe fn addrinfo_list<'py>(py: Python<'py>, mut ai: *const libc::addrinfo) -> 
     Ok(out)
 }
 
+/// Settles a request's future with `settle` (skipped if the future was
+/// cancelled meanwhile); what goes wrong is handled as any error raised in
+/// a libuv callback.
+///
+/// # Safety
+/// GIL held; `loop_state` is the live loop's.
+unsafe fn settle_request(py: Python<'_>, loop_state: *mut LoopState, future: &Bound<'_, PyAny>, settle: impl FnOnce() -> PyResult<()>) {
+    let outcome = future.call_method0("cancelled").and_then(|c| c.is_truthy()).and_then(|cancelled| if cancelled { Ok(()) } else { settle() });
+    if let Err(err) = outcome {
+        if err.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) || err.is_instance_of::<pyo3::exceptions::PySystemExit>(py) {
+            unsafe { (*loop_state).raise_later(err) };
+        } else {
+            err.write_unraisable(py, None);
+        }
+    }
+}
+
 unsafe extern "C" fn on_resolved(req: *mut sys::uv_getaddrinfo_t, status: i32, res: *mut sys::addrinfo) {
     unsafe {
         let r = Box::from_raw(req as *mut GaiRequest);
         (*r.loop_state).gil.reacquire();
         let py = Python::assume_attached();
         let future = r.future.bind(py);
-        let outcome = (|| -> PyResult<()> {
-            if future.call_method0("cancelled")?.is_truthy()? {
-                return Ok(());
-            }
+        settle_request(py, r.loop_state, future, || {
             if status < 0 {
-                let err = gaierror(py, status)?;
-                future.call_method1("set_exception", (err.into_value(py),))?;
+                future.call_method1("set_exception", (gaierror(py, status)?.into_value(py),))?;
             } else {
-                let list = addrinfo_list(py, res as *const libc::addrinfo)?;
-                future.call_method1("set_result", (list,))?;
+                future.call_method1("set_result", (addrinfo_list(py, res as *const libc::addrinfo)?,))?;
             }
             Ok(())
-        })();
+        });
         if !res.is_null() {
             sys::uv_freeaddrinfo(res);
-        }
-        if let Err(err) = outcome {
-            if err.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py)
-                || err.is_instance_of::<pyo3::exceptions::PySystemExit>(py)
-            {
-                (*r.loop_state).raise_later(err);
-            } else {
-                err.write_unraisable(py, None);
-            }
         }
     }
 }
@@ -354,6 +358,87 @@ pub(crate) fn resolve(
             service.as_ref().map_or(ptr::null(), |c| c.as_ptr()),
             &ai as *const libc::addrinfo as *const sys::addrinfo,
         )
+    };
+    if rc < 0 {
+        drop(unsafe { Box::from_raw(req) });
+        return Err(uv_error(rc));
+    }
+    Ok(())
+}
+
+/// One `uv_getnameinfo` in flight and the future it completes.
+#[repr(C)]
+struct NameInfoRequest {
+    req: sys::uv_getnameinfo_t,
+    loop_state: *mut LoopState,
+    future: Py<PyAny>,
+}
+
+/// Completes `future` with (host, service) or a socket.gaierror, as
+/// socket.getnameinfo would return or raise.
+unsafe extern "C" fn on_name_info(req: *mut sys::uv_getnameinfo_t, status: i32, host: *const libc::c_char, service: *const libc::c_char) {
+    unsafe {
+        let r = Box::from_raw(req as *mut NameInfoRequest);
+        (*r.loop_state).gil.reacquire();
+        let py = Python::assume_attached();
+        let future = r.future.bind(py);
+        settle_request(py, r.loop_state, future, || {
+            if status < 0 {
+                future.call_method1("set_exception", (gaierror(py, status)?.into_value(py),))?;
+            } else {
+                let text = |p: *const libc::c_char| CStr::from_ptr(p).to_string_lossy().into_owned();
+                future.call_method1("set_result", ((text(host), text(service)),))?;
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Starts `getnameinfo` of a numeric address (as socket.getnameinfo with
+/// NI_NUMERICHOST | NI_NUMERICSERV printed it: IPv6 scope suffixes are
+/// ignored here, `scope_id` carries the scope) on libuv's thread pool.
+pub(crate) fn name_info(
+    core: &LoopCore,
+    future: Py<PyAny>,
+    host: &str,
+    port: u16,
+    flowinfo: u32,
+    scope_id: u32,
+    flags: i32,
+) -> PyResult<()> {
+    let loop_state = core.state_ptr();
+    let uv_loop = unsafe { (*loop_state).uv_loop() }.ok_or_else(|| PyRuntimeError::new_err("Event loop is closed"))?;
+    let bare = host.split('%').next().unwrap_or(host);
+    let ip: std::net::IpAddr = bare
+        .parse()
+        .map_err(|_| pyo3::exceptions::PyValueError::new_err(format!("not a numeric address: {host:?}")))?;
+    let mut storage: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is large and aligned enough.
+            let sa = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in) };
+            sa.sin_family = libc::AF_INET as libc::sa_family_t;
+            sa.sin_port = port.to_be();
+            sa.sin_addr.s_addr = u32::from(v4).to_be();
+        }
+        std::net::IpAddr::V6(v6) => {
+            let sa = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in6) };
+            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sa.sin6_port = port.to_be();
+            sa.sin6_flowinfo = flowinfo.to_be();
+            sa.sin6_addr.s6_addr = v6.octets();
+            sa.sin6_scope_id = scope_id;
+        }
+    }
+    let req = Box::into_raw(Box::new(NameInfoRequest {
+        // SAFETY: initialised by uv_getnameinfo.
+        req: unsafe { MaybeUninit::zeroed().assume_init() },
+        loop_state,
+        future,
+    }));
+    // SAFETY: libuv copies the address before returning.
+    let rc = unsafe {
+        sys::uv_getnameinfo(uv_loop, &mut (*req).req, Some(on_name_info), &storage as *const _ as *const sys::sockaddr, flags)
     };
     if rc < 0 {
         drop(unsafe { Box::from_raw(req) });

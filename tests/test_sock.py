@@ -385,7 +385,7 @@ def test_ssl_socket_rejected(loop, method):
         sock.close()
 
 
-# -- name lookups (through the default executor) -------------------------------------------
+# -- name lookups ----------------------------------------------------------------------------
 
 
 def test_getaddrinfo_and_getnameinfo(loop):
@@ -403,6 +403,50 @@ def test_getaddrinfo_and_getnameinfo(loop):
     assert infos == socket.getaddrinfo("127.0.0.1", 80, type=socket.SOCK_STREAM)
     assert names == ("127.0.0.1", "80")
     assert local == socket.getaddrinfo("localhost", "http", family=socket.AF_INET)
+
+
+NAME_INFO_CASES = [
+    (("127.0.0.1", 80), 0),
+    (("127.0.0.1", 80), socket.NI_NUMERICHOST),
+    (("127.0.0.1", 80), socket.NI_NUMERICSERV),
+    (("127.0.0.1", 53), socket.NI_DGRAM),
+    (("127.0.0.1", 22), socket.NI_NAMEREQD),
+    (("127.0.0.1", 65000), 0),
+    (("::1", 443, 0, 0), 0),
+    (("::1", 443), socket.NI_NUMERICHOST | socket.NI_NUMERICSERV),
+    (("::1", 8080, 0, 0), socket.NI_NUMERICSERV),
+    # bad input: the stdlib's exceptions
+    (("localhost", 80), 0),
+    (("127.0.0.1", 70000), 0),
+    (("127.0.0.1", 80, 0, 0), 0),
+    (("127.0.0.1",), 0),
+    ("127.0.0.1", 0),
+    (("127.0.0.1", "80"), 0),
+    (("127.0.0.1", 80), "flags"),
+    (("127.0.0.1", 80), 1.5),
+    (("127.0.0.1", 80), 2**40),
+    (("127.0.0.1", 80), 1 << 20),
+]
+
+
+def _outcome(call):
+    try:
+        return ("ok", call())
+    except Exception as exc:
+        return ("raised", type(exc), exc.args)
+
+
+@pytest.mark.parametrize("sockaddr,flags", NAME_INFO_CASES)
+def test_getnameinfo_matches_socket_module(loop, sockaddr, flags):
+    expected = _outcome(lambda: socket.getnameinfo(sockaddr, flags))
+
+    async def main():
+        try:
+            return ("ok", await asyncio.wait_for(loop.getnameinfo(sockaddr, flags), TIMEOUT))
+        except Exception as exc:
+            return ("raised", type(exc), exc.args)
+
+    assert run(loop, main()) == expected
 
 
 def test_getaddrinfo_error(loop):

@@ -9,6 +9,7 @@ servers, and transports over native stream cores.
 
 import errno
 import io
+import operator
 import os
 import socket
 import stat
@@ -98,6 +99,9 @@ def _server_timeouts(handshake, shutdown):
     if sys.version_info >= (3, 11):
         return (handshake, shutdown)
     return (handshake,)
+
+
+_NUMERIC_NAME_INFO = socket.NI_NUMERICHOST | socket.NI_NUMERICSERV
 
 
 class NetworkMixin:
@@ -322,6 +326,23 @@ class NetworkMixin:
             return infos
         fut = self.create_future()
         self._resolve(fut, _encode_host(host), _encode_port(port), family, type, proto, flags)
+        return await fut
+
+    async def getnameinfo(self, sockaddr, flags=0):
+        """socket.getnameinfo() without blocking the loop: numeric answers at
+        once, name lookups on libuv's thread pool."""
+        flags = operator.index(flags)  # (socket.getnameinfo's TypeError)
+        if flags & _NUMERIC_NAME_INFO == _NUMERIC_NAME_INFO:
+            # Needs no lookup (the host must be numeric in any case).
+            return socket.getnameinfo(sockaddr, flags)
+        # socket.getnameinfo checks the arguments and flags as the stdlib
+        # would (its errors are the stdlib's) and prints the address for the
+        # lookup. (NI_NAMEREQD would make a numeric answer an error.)
+        host, port = socket.getnameinfo(sockaddr, (flags & ~socket.NI_NAMEREQD) | _NUMERIC_NAME_INFO)
+        flowinfo = sockaddr[2] if len(sockaddr) > 2 else 0
+        scope_id = sockaddr[3] if len(sockaddr) > 3 else 0
+        fut = self.create_future()
+        self._name_info(fut, host, int(port), flowinfo, scope_id, flags)
         return await fut
 
     # -- Unix sockets -----------------------------------------------------------

@@ -696,6 +696,14 @@ impl LoopCore {
         crate::dns::resolve(self, future, host, port, (family, r#type, proto, flags))
     }
 
+    /// Looks up the name of a numeric address on libuv's thread pool into
+    /// `future` (see dns.rs).
+    #[pyo3(signature = (future, host, port, flowinfo, scope_id, flags))]
+    #[allow(clippy::too_many_arguments)]
+    fn _name_info(&self, future: Py<PyAny>, host: &str, port: u16, flowinfo: u32, scope_id: u32, flags: i32) -> PyResult<()> {
+        crate::dns::name_info(self, future, host, port, flowinfo, scope_id, flags)
+    }
+
     /// Counts of (ready callbacks, scheduled timers), for tests.
     fn _queue_sizes(&self) -> (usize, usize) {
         let st = unsafe { self.st() };
