@@ -1681,18 +1681,66 @@ def test_create_connection_resolves_localhost(loop):
     run(loop, main())
 
 
-@pytest.mark.skipif(not PY312, reason="all_errors is 3.12+")
-def test_create_connection_all_errors(loop):
+def skip_unless_all_errors(loop):
+    """asyncio has all_errors from 3.12; zuvrs also on 3.11 (3.10 lacks
+    ExceptionGroup)."""
+    if sys.version_info < (3, 11) or (not PY312 and reference_loop(loop)):
+        pytest.skip("all_errors: asyncio 3.12+, zuvrs 3.11+")
+
+
+@pytest.mark.parametrize("happy_eyeballs_delay", [None, 0.05])
+def test_create_connection_all_errors(loop, happy_eyeballs_delay):
+    skip_unless_all_errors(loop)
     port = unused_tcp_port()
 
     async def main():
         with pytest.raises(ExceptionGroup) as ei:  # noqa: F821 (3.11+ builtin)
             await asyncio.wait_for(
-                loop.create_connection(asyncio.Protocol, "127.0.0.1", port, all_errors=True), TIMEOUT
+                loop.create_connection(asyncio.Protocol, "127.0.0.1", port, all_errors=True,
+                                       happy_eyeballs_delay=happy_eyeballs_delay), TIMEOUT
             )
+        assert ei.value.message == "create_connection failed"
         excs = ei.value.exceptions
         assert len(excs) == 1
         assert isinstance(excs[0], ConnectionRefusedError)
+
+    run(loop, main())
+
+
+def test_create_connection_all_errors_every_address(loop):
+    """Two addresses (IPv6 and IPv4 loopback), both refused: both errors."""
+    skip_unless_all_errors(loop)
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    port = unused_tcp_port()
+
+    async def main():
+        with pytest.raises(ExceptionGroup) as ei:  # noqa: F821 (3.11+ builtin)
+            await asyncio.wait_for(
+                loop.create_connection(asyncio.Protocol, "localhost", port, all_errors=True), TIMEOUT
+            )
+        return ei.value.exceptions
+
+    infos = socket.getaddrinfo("localhost", port, type=socket.SOCK_STREAM)
+    excs = run(loop, main())
+    assert len(excs) == len(infos)
+    assert all(isinstance(e, OSError) for e in excs)
+
+
+def test_create_connection_all_errors_success_and_other_errors(loop):
+    """all_errors changes only the all-attempts-failed error."""
+    skip_unless_all_errors(loop)
+
+    async def main():
+        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        t, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port, all_errors=True)
+        t.close()
+        server.close()
+        await server.wait_closed()
+        with pytest.raises(socket.gaierror):
+            await loop.create_connection(asyncio.Protocol, "no-such-host.invalid", port,
+                                         all_errors=True, flags=socket.AI_NUMERICHOST)
 
     run(loop, main())
 

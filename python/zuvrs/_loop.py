@@ -21,6 +21,7 @@ from asyncio.log import logger
 import weakref
 
 from . import _zuvrs
+from ._all_errors import AllErrorsMixin
 from ._network import NetworkMixin
 from ._process import ChildReaper
 
@@ -56,7 +57,7 @@ def _ignore_signal(signum, frame):
     handler has already written the signal number to the wakeup socket."""
 
 
-class Loop(_zuvrs.LoopCore, NetworkMixin, asyncio.BaseEventLoop):
+class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop):
     """A libuv event loop implementing asyncio.AbstractEventLoop."""
 
     def __init__(self):
