@@ -17,6 +17,7 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::Handle>()?;
     m.add_class::<handles::TimerHandle>()?;
     m.add_class::<transport::stream::StreamCore>()?;
+    m.add_class::<transport::udp::DatagramCore>()?;
     eventloop::install_fast_methods(m.py())?;
     m.add_function(wrap_pyfunction!(libuv_version, m)?)?;
     m.add_function(wrap_pyfunction!(dns::numeric_addrinfo, m)?)?;

@@ -16,7 +16,7 @@ from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock
 from asyncio.log import logger
 
 from . import _zuvrs
-from ._datagram import DatagramTransport
+from ._datagram import make_datagram_transport
 from ._pipes import ReadPipeTransport, WritePipeTransport
 from ._process import SubprocessTransport
 from ._server import NATIVE_CLIENT_TRACKING, apply_keep_alive, upgrade_server
@@ -108,7 +108,7 @@ class NetworkMixin:
         return SocketTransport(self, sock, protocol, waiter, extra, server)
 
     def _make_datagram_transport(self, sock, protocol, address=None, waiter=None, extra=None):
-        return DatagramTransport(self, sock, protocol, address, waiter, extra)
+        return make_datagram_transport(self, sock, protocol, address, waiter, extra)
 
     def _make_read_pipe_transport(self, pipe, protocol, waiter=None, extra=None):
         return ReadPipeTransport(self, pipe, protocol, waiter, extra)

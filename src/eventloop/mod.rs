@@ -30,6 +30,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::context::ContextCache;
 use crate::errors::uv_error;
 use crate::transport::stream::StreamCore;
+use crate::transport::udp::DatagramCore;
 use crate::handles::{release_handle, run_in_context, Callback, Handle, HandleCore, HasCore, Ready};
 use crate::uv::{sys, UvHandle, UvLoop};
 use gil::GilHandoff;
@@ -91,6 +92,8 @@ pub(crate) struct LoopState {
     pub(crate) read_buf: Vec<u8>,
     /// Open stream transports, closed with the loop (their fds included).
     pub(crate) streams: HashSet<*const StreamCore>,
+    /// Open UDP transports, whose fd watches close with the loop.
+    pub(crate) datagrams: HashSet<*const DatagramCore>,
     /// Transports written to during this turn, flushed before the next poll.
     pub(crate) flush_list: Vec<Py<StreamCore>>,
     /// Set by libuv callbacks that saw I/O during the current poll.
@@ -404,6 +407,7 @@ impl LoopCore {
             pending_error: None,
             read_buf: Vec::new(),
             streams: HashSet::new(),
+            datagrams: HashSet::new(),
             flush_list: Vec::new(),
             io_seen: false,
         }));
@@ -560,6 +564,12 @@ impl LoopCore {
         let unflushed = std::mem::take(&mut st.flush_list);
         for s in streams {
             unsafe { (*s).close_handle() };
+        }
+        let st = unsafe { self.st() };
+        let datagrams: Vec<*const DatagramCore> = st.datagrams.drain().collect();
+        for d in datagrams {
+            // SAFETY: a registered core is alive (its handle box holds it).
+            unsafe { (*d).close_handle() };
         }
         let st = unsafe { self.st() };
         if let Some(mut parts) = st.uv.take() {

@@ -139,7 +139,7 @@ pub struct StreamCore {
 unsafe impl Sync for StreamCore {}
 unsafe impl Send for StreamCore {}
 
-fn is_fatal_base(py: Python<'_>, err: &PyErr) -> bool {
+pub(crate) fn is_fatal_base(py: Python<'_>, err: &PyErr) -> bool {
     err.is_instance_of::<PyKeyboardInterrupt>(py) || err.is_instance_of::<PySystemExit>(py)
 }
 
