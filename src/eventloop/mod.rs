@@ -52,11 +52,40 @@ pub(crate) fn monotonic() -> f64 {
 /// How often a loop whose ready queue never empties still polls for I/O.
 const BUSY_POLL_INTERVAL: f64 = 50e-6;
 
+/// After a look-ahead poll found nothing, how many chances to look ahead
+/// are skipped before trying again.
+const LOOK_AHEAD_BACKOFF: u32 = 7;
+
 /// When the loop last polled, and whether that poll found I/O.
 #[derive(Default)]
 struct PollPacing {
     last_poll: f64,
     last_had_io: bool,
+    /// Look-ahead chances still to skip (0: look ahead).
+    look_ahead_skip: u32,
+}
+
+impl PollPacing {
+    /// Whether a loop about to block should first poll without blocking.
+    /// Worth it while I/O keeps flowing (the look-ahead finds the next event
+    /// at once and the blocking poll's GIL hand-off and timeout set-up are
+    /// saved); after a look-ahead that found nothing it is tried only every
+    /// LOOK_AHEAD_BACKOFF + 1 chances, so a loop that really waits (request
+    /// and response across processes) seldom pays the extra poll.
+    fn look_ahead(&mut self) -> bool {
+        if !self.last_had_io {
+            return false;
+        }
+        if self.look_ahead_skip == 0 {
+            return true;
+        }
+        self.look_ahead_skip -= 1;
+        false
+    }
+
+    fn looked_ahead(&mut self, found: bool) {
+        self.look_ahead_skip = if found { 0 } else { LOOK_AHEAD_BACKOFF };
+    }
 }
 
 /// libuv resources of an open loop.
@@ -287,21 +316,32 @@ impl LoopCore {
         let now = if busy { monotonic() } else { 0.0 };
         if !busy || st.stopping || pacing.last_had_io || now - pacing.last_poll >= BUSY_POLL_INTERVAL {
             st.io_seen = false;
-            let mode = if busy {
-                sys::uv_run_mode_UV_RUN_NOWAIT
-            } else {
-                self.arm_timer();
-                sys::uv_run_mode_UV_RUN_ONCE
-            };
-            // Only a poll that may block hands the GIL to other threads; a
-            // busy loop yields it through the interpreter's switch interval
-            // like any Python code.
-            st.gil.set_release_before_poll(!busy);
-            // SAFETY: no state borrow is held across uv_run; callbacks
-            // re-derive it from the handles' data pointers.
-            unsafe {
-                sys::uv_run(raw, mode);
-                self.st().gil.reacquire();
+            let mut found = false;
+            if !busy && pacing.look_ahead() {
+                st.gil.set_release_before_poll(false);
+                // SAFETY: as for the poll below.
+                unsafe { sys::uv_run(raw, sys::uv_run_mode_UV_RUN_NOWAIT) };
+                let st = unsafe { self.st() };
+                found = st.io_seen || !st.ready.is_empty() || st.stopping || st.pending_error.is_some();
+                pacing.looked_ahead(found);
+            }
+            if !found {
+                let mode = if busy {
+                    sys::uv_run_mode_UV_RUN_NOWAIT
+                } else {
+                    self.arm_timer();
+                    sys::uv_run_mode_UV_RUN_ONCE
+                };
+                // Only a poll that may block hands the GIL to other threads; a
+                // busy loop yields it through the interpreter's switch interval
+                // like any Python code.
+                unsafe { self.st().gil.set_release_before_poll(!busy) };
+                // SAFETY: no state borrow is held across uv_run; callbacks
+                // re-derive it from the handles' data pointers.
+                unsafe {
+                    sys::uv_run(raw, mode);
+                    self.st().gil.reacquire();
+                }
             }
             pacing.last_poll = if busy { now } else { monotonic() };
             pacing.last_had_io = unsafe { self.st().io_seen };
