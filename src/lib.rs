@@ -21,7 +21,6 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     eventloop::install_fast_methods(m.py())?;
     m.add_function(wrap_pyfunction!(libuv_version, m)?)?;
     m.add_function(wrap_pyfunction!(dns::numeric_addrinfo, m)?)?;
-    m.add_function(wrap_pyfunction!(transport::datagram::recv_datagram, m)?)?;
     m.add_function(wrap_pyfunction!(transport::datagram::read_fd, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("BUILD_PROFILE", if cfg!(debug_assertions) { "debug" } else { "release" })?;

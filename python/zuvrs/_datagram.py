@@ -16,7 +16,7 @@ from asyncio import constants, futures, transports, trsock
 from asyncio.log import logger
 
 from ._fdtransport import FdReadingMixin, socket_extra
-from ._zuvrs import DatagramCore, recv_datagram
+from ._zuvrs import DatagramCore
 
 __all__ = ("DatagramTransport", "FdDatagramTransport", "make_datagram_transport")
 
@@ -29,11 +29,20 @@ _HEADER_SIZE = 8 if _SENDS_EMPTY else 0
 _SENT, _BLOCKED, _FAILED = "sent", "blocked", "failed"
 
 _NATIVE_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+# The socket methods asyncio's transport calls; the native core does their
+# work itself, so a socket class that overrides one gets the Python transport.
+_IO_METHODS = ("send", "sendto", "recvfrom")
+
+
+def _plain_io(sock):
+    cls = type(sock)
+    return cls is socket.socket or all(getattr(cls, m, None) is getattr(socket.socket, m) for m in _IO_METHODS)
 
 
 def make_datagram_transport(loop, sock, protocol, address=None, waiter=None, extra=None):
     """The transport for a datagram socket: native for UDP, else Python."""
-    cls = DatagramTransport if sock.family in _NATIVE_FAMILIES else FdDatagramTransport
+    native = sock.family in _NATIVE_FAMILIES and _plain_io(sock)
+    cls = DatagramTransport if native else FdDatagramTransport
     return cls(loop, sock, protocol, address, waiter, extra)
 
 
@@ -145,6 +154,10 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
 
 
 class FdDatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.DatagramTransport):
+    """A datagram transport in Python over the loop's fd watchers, calling
+    the socket's own methods: Unix datagram sockets, and UDP sockets whose
+    class overrides send, sendto or recvfrom."""
+
     max_size = 256 * 1024  # largest datagram read at once
 
     def __init__(self, loop, sock, protocol, address=None, waiter=None, extra=None):
@@ -153,8 +166,6 @@ class FdDatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.
         socket_extra(self._extra, sock)
         self._sock = sock
         self._sock_fd = self._fd = sock.fileno()
-        # IP datagrams are read natively (no 256 KiB bytes per packet).
-        self._native_recv = sock.family in (socket.AF_INET, socket.AF_INET6)
         self._protocol = protocol
         self._address = address
         self._buffer = collections.deque()
@@ -185,10 +196,7 @@ class FdDatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.
         if self._conn_lost:
             return
         try:
-            if self._native_recv:
-                data, addr = recv_datagram(self._sock_fd)
-            else:
-                data, addr = self._sock.recvfrom(self.max_size)
+            data, addr = self._sock.recvfrom(self.max_size)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:

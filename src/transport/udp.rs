@@ -130,6 +130,9 @@ struct DgramState {
     last_dest: Option<(Py<PyAny>, RawAddr)>,
     /// The last sender seen and its Python tuple, reused while it repeats.
     last_source: Option<(RawAddr, Py<PyAny>)>,
+    /// For tests: this many native send attempts report EAGAIN (loopback
+    /// UDP never fills, so buffering could not be exercised otherwise).
+    blocked_sends: u32,
 }
 
 #[pyclass(module = "zuvrs._zuvrs", name = "DatagramCore", frozen)]
@@ -402,6 +405,10 @@ impl DatagramCore {
                 Ok(_) => Ok(Sent::Done),
                 Err(err) => classify(py, err),
             };
+        }
+        if st.blocked_sends > 0 {
+            st.blocked_sends -= 1;
+            return Ok(Sent::Blocked);
         }
         let buf = match Data::get(data) {
             Ok(b) => b,
@@ -703,6 +710,7 @@ impl DatagramCore {
                     buffer_size: 0,
                     last_dest: None,
                     last_source: None,
+                    blocked_sends: 0,
                 }),
             },
         )?;
@@ -870,6 +878,12 @@ impl DatagramCore {
         let st = unsafe { self.st() };
         let old = (st.sock.take(), st.last_dest.take(), st.last_source.take());
         drop(old);
+    }
+
+    /// For tests: the next `count` native send attempts find the socket
+    /// full (EAGAIN), as a real one does under load.
+    fn _block_sends(&self, count: u32) {
+        unsafe { self.st().blocked_sends = count };
     }
 
     fn set_protocol(&self, protocol: Py<PyAny>) {
