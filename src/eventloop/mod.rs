@@ -284,14 +284,15 @@ impl LoopCore {
         }
     }
 
-    /// Moves due timers to the ready queue.
-    fn collect_due_timers(&self) {
+    /// Moves due timers to the ready queue; `now` is the time just read,
+    /// if any.
+    fn collect_due_timers(&self, now: Option<f64>) {
         let st = unsafe { self.st() };
         if st.timers.len() == 0 {
             return;
         }
         st.timers.prune();
-        let now = monotonic();
+        let now = now.unwrap_or_else(monotonic);
         while let Some(h) = st.timers.pop_due(now) {
             if h.get().is_cancelled() {
                 release_handle(h);
@@ -314,6 +315,8 @@ impl LoopCore {
         // every BUSY_POLL_INTERVAL then keeps I/O latency negligible at a
         // fraction of the cost. A loop that is moving I/O polls every turn.
         let now = if busy { monotonic() } else { 0.0 };
+        // The time after a poll that may have waited, for the timers too.
+        let mut polled_at = None;
         if !busy || st.stopping || pacing.last_had_io || now - pacing.last_poll >= BUSY_POLL_INTERVAL {
             st.io_seen = false;
             let mut found = false;
@@ -343,13 +346,19 @@ impl LoopCore {
                     self.st().gil.reacquire();
                 }
             }
-            pacing.last_poll = if busy { now } else { monotonic() };
+            if !busy {
+                let t = monotonic();
+                polled_at = Some(t);
+                pacing.last_poll = t;
+            } else {
+                pacing.last_poll = now;
+            }
             pacing.last_had_io = unsafe { self.st().io_seen };
             if let Some(err) = unsafe { self.st().pending_error.take() } {
                 return Err(err);
             }
         }
-        self.collect_due_timers();
+        self.collect_due_timers(polled_at);
         self.run_ready(any)
     }
 
