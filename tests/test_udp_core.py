@@ -532,3 +532,38 @@ def test_buffered_send_error_goes_to_error_received(zloop):
         assert await close_and_wait(t, p) is None
 
     run(zloop, main())
+
+
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
+def test_base_exceptions_from_the_protocol_stop_the_loop(loop, exc_type):
+    class Interrupts(DatagramRecorder):
+        def datagram_received(self, data, addr):
+            super().datagram_received(data, addr)
+            raise exc_type("stop")
+
+    made = []
+
+    async def main():
+        t, p = await loop.create_datagram_endpoint(Interrupts, local_addr=("127.0.0.1", 0))
+        made.append((t, p))
+        peer = plain_udp()
+        try:
+            peer.sendto(b"x", t.get_extra_info("sockname"))
+            await asyncio.sleep(TIMEOUT)
+        finally:
+            peer.close()
+
+    task = None
+    try:
+        task = loop.create_task(main())
+        with pytest.raises(exc_type):
+            loop.run_until_complete(task)
+        t, p = made[0]
+        assert p.datagrams and p.datagrams[0][0] == b"x"
+        assert not t.is_closing()
+        t.close()
+        task.cancel()
+        loop.run_until_complete(asyncio.wait_for(p.lost, TIMEOUT))
+    finally:
+        if task is not None and not task.done():
+            task.cancel()
