@@ -12,6 +12,7 @@ import contextvars
 import gc
 import signal
 import socket
+import sys
 import warnings
 import weakref
 
@@ -202,8 +203,9 @@ def test_udp_endpoints_do_not_leak(loop):
         ct, client = await loop.create_datagram_endpoint(
             lambda: Client(200), remote_addr=st.get_extra_info("sockname")
         )
-        ct.pause_reading()
-        ct.resume_reading()
+        if can_pause:
+            ct.pause_reading()
+            ct.resume_reading()
         ct.sendto(b"x" * 100)
         await asyncio.wait_for(client.done, 5)
         ct.close()
@@ -215,10 +217,14 @@ def test_udp_endpoints_do_not_leak(loop):
         for _ in range(20):
             run(loop, exchange())
 
+    # asyncio's datagram transport can pause reading from 3.11 on.
+    can_pause = not isinstance(loop, asyncio.SelectorEventLoop) or sys.version_info >= (3, 11)
     workload()  # the loop's own lazily made fds (wake-up socket, ...) first
+    gc.collect()
     fds = fd_count()
     _assert_flat(*_measure(workload))
-    assert fd_count() == fds
+    gc.collect()
+    assert fd_count() <= fds
 
 
 # -- whole loops ---------------------------------------------------------------
