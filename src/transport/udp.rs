@@ -390,15 +390,17 @@ impl DatagramCore {
     /// One send attempt, as asyncio's `sock.send(data)` (connected) or
     /// `sock.sendto(data, addr)`.
     fn try_send(&self, py: Python<'_>, data: &Bound<'_, PyAny>, addr: &Bound<'_, PyAny>) -> PyResult<Sent> {
-        let st = unsafe { self.st() };
-        let fd = st.fd;
+        let (fd, connected) = unsafe {
+            let st = self.st();
+            (st.fd, st.connected)
+        };
         if fd < 0 {
             // The socket was closed (connection_lost has run).
             return Ok(Sent::Fatal(uv_error(-libc::EBADF)));
         }
-        let dest = if st.connected { None } else { self.destination(addr) };
-        if !st.connected && dest.is_none() {
-            let Some(sock) = st.sock.as_ref().map(|s| s.clone_ref(py)) else {
+        let dest = if connected { None } else { self.destination(addr) };
+        if !connected && dest.is_none() {
+            let Some(sock) = (unsafe { self.st().sock.as_ref().map(|s| s.clone_ref(py)) }) else {
                 return Ok(Sent::Fatal(uv_error(-libc::EBADF)));
             };
             return match sock.call_method1(py, pyo3::intern!(py, "sendto"), (data, addr)) {
@@ -406,6 +408,7 @@ impl DatagramCore {
                 Err(err) => classify(py, err),
             };
         }
+        let st = unsafe { self.st() };
         if st.blocked_sends > 0 {
             st.blocked_sends -= 1;
             return Ok(Sent::Blocked);
@@ -434,6 +437,9 @@ impl DatagramCore {
                     if let Err(err) = py.check_signals() {
                         return classify(py, err);
                     }
+                    if unsafe { self.st().fd } < 0 {
+                        return Ok(Sent::Fatal(uv_error(-libc::EBADF)));
+                    }
                 }
                 e => return Ok(Sent::Failed(uv_error(-e))),
             }
@@ -461,12 +467,14 @@ impl DatagramCore {
             return Ok(());
         }
         let fd = st.fd;
-        let ls = self.loop_state();
-        if ls.read_buf.len() < MAX_SIZE {
-            ls.read_buf.resize(MAX_SIZE, 0);
-        }
         let mut src = RawAddr::zeroed();
         let n = loop {
+            // The loop's scratch buffer (re-derived: signal handlers may
+            // have run Python code since the last attempt).
+            let ls = self.loop_state();
+            if ls.read_buf.len() < MAX_SIZE {
+                ls.read_buf.resize(MAX_SIZE, 0);
+            }
             src.len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
             // SAFETY: the scratch buffer and address storage are sized.
             let n = unsafe {
@@ -493,6 +501,9 @@ impl DatagramCore {
                             return self.error_received(py, err);
                         }
                         return self.fatal_error(py, err, "Fatal read error on datagram transport");
+                    }
+                    if unsafe { self.st().fd } < 0 {
+                        return Ok(());
                     }
                 }
                 e => return self.error_received(py, uv_error(-e)),
@@ -796,9 +807,11 @@ impl DatagramCore {
         }
         let none = py.None().into_bound(py);
         let mut addr = addr.cloned().unwrap_or(none);
-        let st = unsafe { self.st() };
-        if let Some((address, allowed)) = &st.address {
-            let address = address.bind(py).clone();
+        // Held by reference count, not borrowed from the state: comparing
+        // runs Python code (__eq__).
+        let address = unsafe { self.st().address.as_ref().map(|(a, allowed)| (a.clone_ref(py), allowed.clone_ref(py))) };
+        if let Some((address, allowed)) = address {
+            let address = address.into_bound(py);
             if !(addr.is_none() || addr.is(&address) || allowed.bind(py).contains(&addr)?) {
                 return Err(PyValueError::new_err(format!("Invalid address: must be None or {}", address.str()?)));
             }
