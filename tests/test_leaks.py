@@ -12,6 +12,7 @@ import contextvars
 import gc
 import signal
 import socket
+import sys
 import warnings
 import weakref
 
@@ -161,6 +162,69 @@ def test_io_watchers_do_not_leak(loop):
         a.close()
         b.close()
     assert reads == 2_000 * (ROUNDS + 1)
+
+
+def test_udp_endpoints_do_not_leak(loop):
+    """Datagram endpoints created, used (echo, an error_received, pause and
+    resume) and closed: no objects, memory or fds left behind."""
+
+    class Echo(asyncio.DatagramProtocol):
+        def __init__(self):
+            self.lost = loop.create_future()
+
+        def connection_made(self, transport):
+            self.transport = transport
+
+        def datagram_received(self, data, addr):
+            self.transport.sendto(data, addr)
+
+        def connection_lost(self, exc):
+            self.lost.set_result(exc)
+
+    class Client(Echo):
+        def __init__(self, n):
+            super().__init__()
+            self.left = n
+            self.done = loop.create_future()
+            self.errors = 0
+
+        def datagram_received(self, data, addr):
+            self.left -= 1
+            if self.left:
+                self.transport.sendto(data)
+            elif not self.done.done():
+                self.done.set_result(None)
+
+        def error_received(self, exc):
+            self.errors += 1
+
+    async def exchange():
+        st, server = await loop.create_datagram_endpoint(Echo, local_addr=("127.0.0.1", 0))
+        ct, client = await loop.create_datagram_endpoint(
+            lambda: Client(200), remote_addr=st.get_extra_info("sockname")
+        )
+        if can_pause:
+            ct.pause_reading()
+            ct.resume_reading()
+        ct.sendto(b"x" * 100)
+        await asyncio.wait_for(client.done, 5)
+        ct.close()
+        st.abort()
+        await client.lost
+        await server.lost
+
+    def workload():
+        for _ in range(20):
+            run(loop, exchange())
+
+    # asyncio's datagram transport can pause reading from 3.11 on.
+    can_pause = not isinstance(loop, asyncio.SelectorEventLoop) or sys.version_info >= (3, 11)
+    workload()  # the loop's own lazily made fds (wake-up socket, ...) first
+    gc.collect()
+    fds = fd_count()
+    _assert_flat(*_measure(workload))
+    gc.collect()
+    assert fd_count() <= fds
 
 
 # -- whole loops ---------------------------------------------------------------

@@ -1,8 +1,11 @@
-"""Datagram transports (UDP and Unix datagram sockets).
+"""Datagram transports.
 
-The socket stays a Python socket object; the loop's native fd watcher tells
-when it is readable or writable. This is correct for every socket family
-asyncio supports; a native per-datagram path is a later optimisation.
+UDP sockets (AF_INET / AF_INET6) get a native core (DatagramCore in
+src/transport/udp.rs): libuv watches the fd, datagrams are read and
+delivered to the protocol from Rust, and ``sendto`` is the core's own
+method. Other families (Unix datagram sockets) use FdDatagramTransport, a
+Python transport over the loop's fd watchers that reads natively only the
+datagram itself.
 """
 
 import asyncio
@@ -13,9 +16,9 @@ from asyncio import constants, futures, transports, trsock
 from asyncio.log import logger
 
 from ._fdtransport import FdReadingMixin, socket_extra
-from ._zuvrs import recv_datagram
+from ._zuvrs import DatagramCore
 
-__all__ = ("DatagramTransport",)
+__all__ = ("DatagramTransport", "FdDatagramTransport", "make_datagram_transport")
 
 # 3.13 changed sendto(): empty datagrams are sent, and each buffered
 # datagram counts 8 more bytes (its header) towards the buffer size.
@@ -25,8 +28,136 @@ _HEADER_SIZE = 8 if _SENDS_EMPTY else 0
 # Outcomes of one send attempt.
 _SENT, _BLOCKED, _FAILED = "sent", "blocked", "failed"
 
+_NATIVE_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+# The socket methods asyncio's transport calls; the native core does their
+# work itself, so a socket class that overrides one gets the Python transport.
+_IO_METHODS = ("send", "sendto", "recvfrom")
 
-class DatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.DatagramTransport):
+
+def _plain_io(sock):
+    cls = type(sock)
+    return cls is socket.socket or all(getattr(cls, m, None) is getattr(socket.socket, m) for m in _IO_METHODS)
+
+
+def make_datagram_transport(loop, sock, protocol, address=None, waiter=None, extra=None):
+    """The transport for a datagram socket: native for UDP, else Python."""
+    native = sock.family in _NATIVE_FAMILIES and _plain_io(sock)
+    cls = DatagramTransport if native else FdDatagramTransport
+    return cls(loop, sock, protocol, address, waiter, extra)
+
+
+class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport):
+    """A UDP transport over a native DatagramCore.
+
+    ``sendto``, ``get_write_buffer_size`` and ``is_closing`` are the core's
+    bound methods; the core calls the protocol itself when a datagram
+    arrives. Flow control (the water marks, pause_writing/resume_writing)
+    is asyncio's own mixin, called by the core when its buffer changes.
+    The socket keeps its fd; the core's libuv watch on it is closed before
+    the socket is.
+    """
+
+    max_size = 256 * 1024  # largest datagram read at once
+
+    def __init__(self, loop, sock, protocol, address=None, waiter=None, extra=None):
+        super().__init__(extra, loop)
+        self._extra["socket"] = trsock.TransportSocket(sock)
+        socket_extra(self._extra, sock)
+        self._sock = sock
+        self._sock_fd = sock.fileno()
+        self._address = address
+        self._protocol = protocol
+        core = DatagramCore.open(loop, sock, self, address, bool(self._extra["peername"]))
+        self._core = core
+        self.sendto = core.sendto
+        self.get_write_buffer_size = core.get_write_buffer_size
+        self.is_closing = core.is_closing
+        core.set_protocol(protocol)
+        loop._transports[self._sock_fd] = self
+        loop.call_soon(protocol.connection_made, self)
+        # Reading starts only once connection_made() has run.
+        loop.call_soon(core.start_reading)
+        if waiter is not None:
+            loop.call_soon(futures._set_result_unless_cancelled, waiter, None)
+
+    def __repr__(self):
+        state = "closed" if self._sock is None else ("closing" if self._core.is_closing() else "open")
+        return f"<{type(self).__name__} fd={self._sock_fd} {state}>"
+
+    def set_protocol(self, protocol):
+        self._protocol = protocol
+        self._core.set_protocol(protocol)
+
+    def get_protocol(self):
+        return self._protocol
+
+    def is_reading(self):
+        return self._core.is_reading()
+
+    def pause_reading(self):
+        self._core.pause_reading()
+
+    def resume_reading(self):
+        self._core.resume_reading()
+
+    def close(self):
+        self._core.close()
+
+    def abort(self):
+        self._core._force_close(None)
+
+    def _force_close(self, exc):
+        self._core._force_close(exc)
+
+    def _fatal_error(self, exc, message="Fatal error on transport"):
+        if isinstance(exc, OSError):
+            if self._loop.get_debug():
+                logger.debug("%r: %s", self, message, exc_info=True)
+        else:
+            self._loop.call_exception_handler(
+                {"message": message, "exception": exc, "transport": self, "protocol": self._protocol}
+            )
+        self._core._force_close(exc)
+
+    def _read_ready(self):
+        """Read one datagram (libuv calls the core directly)."""
+        self._core._read_ready()
+
+    def _sendto_ready(self):
+        """Send what is buffered (libuv calls the core directly)."""
+        self._core._sendto_ready()
+
+    def _callback_failed(self, exc, writing):
+        # An exception escaped the protocol while the core handled the fd
+        # being ready: reported as asyncio reports its fd callback failing.
+        callback = self._sendto_ready if writing else self._read_ready
+        handle = asyncio.Handle(callback, (), self._loop)
+        self._loop._report_callback_error(handle, exc, callback, ())
+
+    def _call_connection_lost(self, exc):
+        try:
+            self._protocol.connection_lost(exc)
+        finally:
+            self._release()
+
+    def _release(self):
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        # libuv stops watching the fd before the socket closes it.
+        self._core._close_handle()
+        if self._loop._transports.get(self._sock_fd) is self:
+            del self._loop._transports[self._sock_fd]
+        sock.close()
+        self._core._forget_protocol()
+        self._protocol = None
+
+
+class FdDatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.DatagramTransport):
+    """A datagram transport in Python over the loop's fd watchers, calling
+    the socket's own methods: Unix datagram sockets, and UDP sockets whose
+    class overrides send, sendto or recvfrom."""
+
     max_size = 256 * 1024  # largest datagram read at once
 
     def __init__(self, loop, sock, protocol, address=None, waiter=None, extra=None):
@@ -35,8 +166,6 @@ class DatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.Da
         socket_extra(self._extra, sock)
         self._sock = sock
         self._sock_fd = self._fd = sock.fileno()
-        # IP datagrams are read natively (no 256 KiB bytes per packet).
-        self._native_recv = sock.family in (socket.AF_INET, socket.AF_INET6)
         self._protocol = protocol
         self._address = address
         self._buffer = collections.deque()
@@ -67,10 +196,7 @@ class DatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.Da
         if self._conn_lost:
             return
         try:
-            if self._native_recv:
-                data, addr = recv_datagram(self._sock_fd)
-            else:
-                data, addr = self._sock.recvfrom(self.max_size)
+            data, addr = self._sock.recvfrom(self.max_size)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:

@@ -17,7 +17,7 @@ from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock
 from asyncio.log import logger
 
 from . import _zuvrs
-from ._datagram import DatagramTransport
+from ._datagram import make_datagram_transport
 from ._pipes import make_read_pipe_transport, make_write_pipe_transport
 from ._process import SubprocessTransport
 from ._server import NATIVE_CLIENT_TRACKING, apply_keep_alive, upgrade_server
@@ -112,7 +112,7 @@ class NetworkMixin:
         return SocketTransport(self, sock, protocol, waiter, extra, server)
 
     def _make_datagram_transport(self, sock, protocol, address=None, waiter=None, extra=None):
-        return DatagramTransport(self, sock, protocol, address, waiter, extra)
+        return make_datagram_transport(self, sock, protocol, address, waiter, extra)
 
     def _make_read_pipe_transport(self, pipe, protocol, waiter=None, extra=None):
         return make_read_pipe_transport(self, pipe, protocol, waiter, extra)

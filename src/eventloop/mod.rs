@@ -30,6 +30,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::context::ContextCache;
 use crate::errors::uv_error;
 use crate::transport::stream::StreamCore;
+use crate::transport::udp::DatagramCore;
 use crate::handles::{release_handle, run_in_context, Callback, Handle, HandleCore, HasCore, Ready};
 use crate::uv::{sys, UvHandle, UvLoop};
 use gil::GilHandoff;
@@ -51,11 +52,40 @@ pub(crate) fn monotonic() -> f64 {
 /// How often a loop whose ready queue never empties still polls for I/O.
 const BUSY_POLL_INTERVAL: f64 = 50e-6;
 
+/// After a look-ahead poll found nothing, how many chances to look ahead
+/// are skipped before trying again.
+const LOOK_AHEAD_BACKOFF: u32 = 7;
+
 /// When the loop last polled, and whether that poll found I/O.
 #[derive(Default)]
 struct PollPacing {
     last_poll: f64,
     last_had_io: bool,
+    /// Look-ahead chances still to skip (0: look ahead).
+    look_ahead_skip: u32,
+}
+
+impl PollPacing {
+    /// Whether a loop about to block should first poll without blocking.
+    /// Worth it while I/O keeps flowing (the look-ahead finds the next event
+    /// at once and the blocking poll's GIL hand-off and timeout set-up are
+    /// saved); after a look-ahead that found nothing it is tried only every
+    /// LOOK_AHEAD_BACKOFF + 1 chances, so a loop that really waits (request
+    /// and response across processes) seldom pays the extra poll.
+    fn look_ahead(&mut self) -> bool {
+        if !self.last_had_io {
+            return false;
+        }
+        if self.look_ahead_skip == 0 {
+            return true;
+        }
+        self.look_ahead_skip -= 1;
+        false
+    }
+
+    fn looked_ahead(&mut self, found: bool) {
+        self.look_ahead_skip = if found { 0 } else { LOOK_AHEAD_BACKOFF };
+    }
 }
 
 /// libuv resources of an open loop.
@@ -91,6 +121,8 @@ pub(crate) struct LoopState {
     pub(crate) read_buf: crate::transport::stream::ReadBuffer,
     /// Open stream transports, closed with the loop (their fds included).
     pub(crate) streams: HashSet<*const StreamCore>,
+    /// Open UDP transports, whose fd watches close with the loop.
+    pub(crate) datagrams: HashSet<*const DatagramCore>,
     /// Transports written to during this turn, flushed before the next poll.
     pub(crate) flush_list: Vec<Py<StreamCore>>,
     /// Streams whose reading paused after a full read, resumed before the
@@ -255,14 +287,15 @@ impl LoopCore {
         }
     }
 
-    /// Moves due timers to the ready queue.
-    fn collect_due_timers(&self) {
+    /// Moves due timers to the ready queue; `now` is the time just read,
+    /// if any.
+    fn collect_due_timers(&self, now: Option<f64>) {
         let st = unsafe { self.st() };
         if st.timers.len() == 0 {
             return;
         }
         st.timers.prune();
-        let now = monotonic();
+        let now = now.unwrap_or_else(monotonic);
         while let Some(h) = st.timers.pop_due(now) {
             if h.get().is_cancelled() {
                 release_handle(h);
@@ -285,31 +318,50 @@ impl LoopCore {
         // every BUSY_POLL_INTERVAL then keeps I/O latency negligible at a
         // fraction of the cost. A loop that is moving I/O polls every turn.
         let now = if busy { monotonic() } else { 0.0 };
+        // The time after a poll that may have waited, for the timers too.
+        let mut polled_at = None;
         if !busy || st.stopping || pacing.last_had_io || now - pacing.last_poll >= BUSY_POLL_INTERVAL {
             st.io_seen = false;
-            let mode = if busy {
-                sys::uv_run_mode_UV_RUN_NOWAIT
-            } else {
-                self.arm_timer();
-                sys::uv_run_mode_UV_RUN_ONCE
-            };
-            // Only a poll that may block hands the GIL to other threads; a
-            // busy loop yields it through the interpreter's switch interval
-            // like any Python code.
-            st.gil.set_release_before_poll(!busy);
-            // SAFETY: no state borrow is held across uv_run; callbacks
-            // re-derive it from the handles' data pointers.
-            unsafe {
-                sys::uv_run(raw, mode);
-                self.st().gil.reacquire();
+            let mut found = false;
+            if !busy && pacing.look_ahead() {
+                st.gil.set_release_before_poll(false);
+                // SAFETY: as for the poll below.
+                unsafe { sys::uv_run(raw, sys::uv_run_mode_UV_RUN_NOWAIT) };
+                let st = unsafe { self.st() };
+                found = st.io_seen || !st.ready.is_empty() || st.stopping || st.pending_error.is_some();
+                pacing.looked_ahead(found);
             }
-            pacing.last_poll = if busy { now } else { monotonic() };
+            if !found {
+                let mode = if busy {
+                    sys::uv_run_mode_UV_RUN_NOWAIT
+                } else {
+                    self.arm_timer();
+                    sys::uv_run_mode_UV_RUN_ONCE
+                };
+                // Only a poll that may block hands the GIL to other threads; a
+                // busy loop yields it through the interpreter's switch interval
+                // like any Python code.
+                unsafe { self.st().gil.set_release_before_poll(!busy) };
+                // SAFETY: no state borrow is held across uv_run; callbacks
+                // re-derive it from the handles' data pointers.
+                unsafe {
+                    sys::uv_run(raw, mode);
+                    self.st().gil.reacquire();
+                }
+            }
+            if !busy {
+                let t = monotonic();
+                polled_at = Some(t);
+                pacing.last_poll = t;
+            } else {
+                pacing.last_poll = now;
+            }
             pacing.last_had_io = unsafe { self.st().io_seen };
             if let Some(err) = unsafe { self.st().pending_error.take() } {
                 return Err(err);
             }
         }
-        self.collect_due_timers();
+        self.collect_due_timers(polled_at);
         self.run_ready(any)
     }
 
@@ -407,6 +459,7 @@ impl LoopCore {
             pending_error: None,
             read_buf: Default::default(),
             streams: HashSet::new(),
+            datagrams: HashSet::new(),
             flush_list: Vec::new(),
             rearm_list: Vec::new(),
             io_seen: false,
@@ -565,6 +618,12 @@ impl LoopCore {
         let unarmed = std::mem::take(&mut st.rearm_list);
         for s in streams {
             unsafe { (*s).close_handle() };
+        }
+        let st = unsafe { self.st() };
+        let datagrams: Vec<*const DatagramCore> = st.datagrams.drain().collect();
+        for d in datagrams {
+            // SAFETY: a registered core is alive (its handle box holds it).
+            unsafe { (*d).close_handle() };
         }
         let st = unsafe { self.st() };
         if let Some(mut parts) = st.uv.take() {

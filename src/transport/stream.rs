@@ -70,6 +70,22 @@ impl ReadBuffer {
         Some(unsafe { pyo3::ffi::PyBytes_AsString(bytes.as_ptr()) } as *mut u8)
     }
 
+    /// The buffer as plain scratch memory (READ_BUF_SIZE bytes) for reads
+    /// that are always copied out (datagrams): MemoryError when it cannot
+    /// be allocated.
+    pub(crate) fn scratch(&mut self, py: Python<'_>) -> PyResult<(*mut u8, usize)> {
+        self.get(py).map(|p| (p, READ_BUF_SIZE)).ok_or_else(|| pyo3::exceptions::PyMemoryError::new_err(()))
+    }
+
+    /// A copy of the first `n` bytes of the buffer (`n` at most what the
+    /// last read into `scratch` put there).
+    pub(crate) fn copy<'py>(&self, py: Python<'py>, n: usize) -> Bound<'py, PyBytes> {
+        match self.bytes.as_ref() {
+            Some(b) => PyBytes::new(py, &b.bind(py).as_bytes()[..n]),
+            None => PyBytes::new(py, &[]),
+        }
+    }
+
     /// What the last read put in the buffer, as a `bytes` of its own: the
     /// buffer itself when the read filled it.
     fn take<'py>(&mut self, py: Python<'py>, n: usize) -> Option<Bound<'py, PyBytes>> {
@@ -205,7 +221,7 @@ pub struct StreamCore {
 unsafe impl Sync for StreamCore {}
 unsafe impl Send for StreamCore {}
 
-fn is_fatal_base(py: Python<'_>, err: &PyErr) -> bool {
+pub(crate) fn is_fatal_base(py: Python<'_>, err: &PyErr) -> bool {
     err.is_instance_of::<PyKeyboardInterrupt>(py) || err.is_instance_of::<PySystemExit>(py)
 }
 
