@@ -26,6 +26,10 @@ from ._transports import SocketTransport
 __all__ = ("NetworkMixin",)
 
 _ACCEPT_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_INET_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+_SOCK_STREAM = socket.SOCK_STREAM
+_ipaddr_info = base_events._ipaddr_info
+_tcp_connect = _zuvrs.tcp_connect
 
 
 def _check_socket(loop, sock):
@@ -156,6 +160,37 @@ class NetworkMixin:
         if transport is not None and not transport.is_closing():
             raise RuntimeError(f"File descriptor {fd!r} is used by transport {transport!r}")
 
+    # -- connecting -----------------------------------------------------------
+
+    async def create_connection(self, protocol_factory, host=None, port=None, **kwargs):
+        """asyncio's create_connection; a plain TCP connection to an address
+        literal (no other option, not in debug mode) is made natively, with
+        the same steps, results and errors as asyncio's for that case."""
+        if kwargs or type(port) is not int or type(host) is not str or self._debug:
+            return await super().create_connection(protocol_factory, host, port, **kwargs)
+        info = _ipaddr_info(host, port, 0, _SOCK_STREAM, 0, 0)
+        if info is None:
+            return await super().create_connection(protocol_factory, host, port, **kwargs)
+        family, _, proto, _, address = info
+        fd, fut = _tcp_connect(self, family, address)
+        try:
+            if fut is not None:
+                await fut
+            protocol = protocol_factory()
+        except BaseException:
+            if fut is not None and not self.is_closed():
+                self._clear_fd_handler(fd, True)
+            os.close(fd)
+            raise
+        waiter = self.create_future()
+        transport = SocketTransport._open_tcp(self, fd, family, proto, protocol, waiter)
+        try:
+            await waiter
+        except BaseException:
+            transport.close()
+            raise
+        return transport, protocol
+
     # -- servers ------------------------------------------------------------
 
     async def create_server(self, protocol_factory, host=None, port=None, *, keep_alive=None,
@@ -175,9 +210,73 @@ class NetworkMixin:
         return server
 
     def _start_serving(self, protocol_factory, sock, sslcontext=None, server=None, backlog=100, *timeouts):
+        if sslcontext is None and not self._debug and sock.family in _INET_FAMILIES:
+            # Plain TCP: accepted natively, each connection set up at once.
+            on_conn = self._tcp_accepted_cb(protocol_factory, sock, server)
+
+            def on_error(exc):
+                self._accept_failed(exc, protocol_factory, sock, sslcontext, server, backlog, *timeouts)
+
+            self._set_fd_handler(sock.fileno(), False, _zuvrs.Acceptor(sock.fileno(), backlog, on_conn, on_error), ())
+            return
         self._set_fd_handler(
             sock.fileno(), False, self._accept_connections,
             (protocol_factory, sock, sslcontext, server, backlog) + tuple(timeouts),
+        )
+
+    def _tcp_accepted_cb(self, protocol_factory, sock, server):
+        """The per-connection set-up of a TCP server: asyncio's
+        _accept_connection2 (errors reported in debug mode only)."""
+        family = sock.family
+        proto = sock.proto
+        open_tcp = SocketTransport._open_tcp
+
+        def on_conn(fd, peername):
+            protocol = None
+            try:
+                protocol = protocol_factory()
+            except (SystemExit, KeyboardInterrupt):
+                os.close(fd)
+                raise
+            except BaseException as exc:
+                os.close(fd)
+                self._accept_setup_failed(exc, protocol, None)
+                return
+            try:
+                open_tcp(self, fd, family, proto, protocol, None, peername, server)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._accept_setup_failed(exc, protocol, None)
+
+        return on_conn
+
+    def _accept_setup_failed(self, exc, protocol, transport):
+        if self._debug:
+            context = {
+                "message": "Error on transport creation for incoming connection",
+                "exception": exc,
+            }
+            if protocol is not None:
+                context["protocol"] = protocol
+            if transport is not None:
+                context["transport"] = transport
+            self.call_exception_handler(context)
+
+    def _accept_failed(self, exc, protocol_factory, sock, sslcontext, server, backlog, *timeouts):
+        """Out of fds or memory: stop accepting for a moment (Linux keeps
+        reporting the socket readable) and log it, as asyncio does."""
+        self.call_exception_handler(
+            {
+                "message": "socket.accept() out of system resource",
+                "exception": exc,
+                "socket": trsock.TransportSocket(sock),
+            }
+        )
+        self._clear_fd_handler(sock.fileno(), False)
+        self.call_later(
+            constants.ACCEPT_RETRY_DELAY, self._start_serving,
+            protocol_factory, sock, sslcontext, server, backlog, *timeouts,
         )
 
     def _stop_serving(self, sock):
@@ -204,20 +303,7 @@ class NetworkMixin:
             except OSError as exc:
                 if exc.errno not in _ACCEPT_OUT_OF_RESOURCES:
                     raise
-                # Out of fds or memory: stop accepting for a moment (Linux
-                # keeps reporting the socket readable) and log it.
-                self.call_exception_handler(
-                    {
-                        "message": "socket.accept() out of system resource",
-                        "exception": exc,
-                        "socket": trsock.TransportSocket(sock),
-                    }
-                )
-                self._clear_fd_handler(sock.fileno(), False)
-                self.call_later(
-                    constants.ACCEPT_RETRY_DELAY, self._start_serving,
-                    protocol_factory, sock, sslcontext, server, backlog, *timeouts,
-                )
+                self._accept_failed(exc, protocol_factory, sock, sslcontext, server, backlog, *timeouts)
                 return
             self.create_task(
                 self._set_up_accepted(protocol_factory, conn, {"peername": addr}, sslcontext, server, timeouts)
@@ -244,16 +330,7 @@ class NetworkMixin:
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
-            if self._debug:
-                context = {
-                    "message": "Error on transport creation for incoming connection",
-                    "exception": exc,
-                }
-                if protocol is not None:
-                    context["protocol"] = protocol
-                if transport is not None:
-                    context["transport"] = transport
-                self.call_exception_handler(context)
+            self._accept_setup_failed(exc, protocol, transport)
 
     # -- sendfile ----------------------------------------------------------------
 
@@ -298,7 +375,8 @@ class NetworkMixin:
     async def _sendfile_native(self, transp, file, offset, count):
         """loop.sendfile() on a zuvrs socket transport: wait until its
         buffer is empty, then sendfile straight into the socket."""
-        if not isinstance(transp, SocketTransport) or transp._sock is None:
+        sock = transp._socket() if isinstance(transp, SocketTransport) else None
+        if sock is None:
             raise exceptions.SendfileNotAvailableError("not a socket transport")
         fd = transp._sock_fd
         resume_reading = transp.is_reading()
@@ -308,7 +386,7 @@ class NetworkMixin:
             await transp._wait_drained()
             del self._transports[fd]
             try:
-                return await self.sock_sendfile(transp._sock, file, offset, count, fallback=False)
+                return await self.sock_sendfile(sock, file, offset, count, fallback=False)
             finally:
                 self._transports[fd] = transp
         finally:

@@ -8,6 +8,7 @@ connection_lost, error reports, server bookkeeping) is here.
 """
 
 import asyncio
+import os
 import socket
 from asyncio import constants, futures, protocols, transports, trsock
 from asyncio.log import logger
@@ -17,6 +18,9 @@ from ._fdtransport import socket_extra
 from ._server import NATIVE_CLIENT_TRACKING, Server
 
 __all__ = ("SocketTransport",)
+
+_open_core = _zuvrs.StreamCore.open
+_tcp_names = _zuvrs.tcp_names
 
 # The native core's methods bound on each instance: calling them runs no
 # Python code. The rest of the API forwards from Python (class methods below),
@@ -65,11 +69,39 @@ class SocketTransport(transports._FlowControlMixin):
         socket_extra(self._extra, sock)
         self._loop = loop
         self._sock = sock
-        self._sock_fd = sock.fileno()
+        self._sock_fd = fd = sock.fileno()
+        self._lazy_sock = None
+        self._released = False
+        # The core sets TCP_NODELAY on TCP sockets, as asyncio does.
+        core = _zuvrs.StreamCore.open(loop, fd, self, sock.family == socket.AF_UNIX)
+        self._start(core, protocol, waiter, server)
+
+    @classmethod
+    def _open_tcp(cls, loop, fd, family, proto, protocol, waiter=None, peername=None, server=None):
+        """A transport over the connected TCP socket `fd` (from accept or
+        connect; the transport owns it from now on, closing it if this
+        fails). The socket object behind get_extra_info('socket') is only
+        made when asked for."""
+        self = cls.__new__(cls)
+        try:
+            self._extra = extra = {}
+            self._loop = loop
+            self._sock = None
+            self._sock_fd = fd
+            self._lazy_sock = (family, proto)
+            self._released = False
+            extra["sockname"], extra["peername"] = _tcp_names(fd, peername)
+            core = _open_core(loop, fd, self, False)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._start(core, protocol, waiter, server)
+        return self
+
+    def _start(self, core, protocol, waiter, server):
+        loop = self._loop
         self._server = server
         self._protocol_connected = False
-        # The core sets TCP_NODELAY on TCP sockets, as asyncio does.
-        core = _zuvrs.StreamCore.open(loop, self._sock_fd, self, sock.family == socket.AF_UNIX)
         self._core = core
         for name in _HOT_METHODS:
             setattr(self, name, getattr(core, name))
@@ -82,6 +114,30 @@ class SocketTransport(transports._FlowControlMixin):
         loop.call_soon(core.start_reading)
         if waiter is not None:
             loop.call_soon(futures._set_result_unless_cancelled, waiter, None)
+
+    def get_extra_info(self, name, default=None):
+        if name == "socket" and self._lazy_sock is not None:
+            self._socket()
+        return self._extra.get(name, default)
+
+    def _socket(self):
+        """The socket object (made now if this transport was opened on a
+        bare fd); None once the transport has released its fd."""
+        spec = self._lazy_sock
+        if spec is not None:
+            self._lazy_sock = None
+            family, proto = spec
+            if self._released:
+                # What asyncio's transport shows once closed: a closed
+                # socket of the same kind.
+                sock = socket.socket(family, socket.SOCK_STREAM, proto)
+                sock.close()
+            else:
+                sock = socket.socket(family, socket.SOCK_STREAM, proto, self._sock_fd)
+                sock.setblocking(False)
+                self._sock = sock
+            self._extra["socket"] = trsock.TransportSocket(sock)
+        return self._sock
 
     @property
     def _protocol_paused(self):
@@ -119,7 +175,7 @@ class SocketTransport(transports._FlowControlMixin):
 
     def __repr__(self):
         info = [type(self).__name__]
-        if self._sock is None:
+        if self._released:
             info.append("closed")
         elif self._core.is_closing():
             info.append("closing")
@@ -159,12 +215,13 @@ class SocketTransport(transports._FlowControlMixin):
 
     def _release(self):
         """Free the fd (libuv closes it) and forget the protocol and server."""
-        sock = self._sock
-        if sock is None:
+        if self._released:
             return
-        self._sock = None
-        # libuv owns the fd: keep the socket object from closing it too.
-        sock.detach()
+        self._released = True
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            # libuv owns the fd: keep the socket object from closing it too.
+            sock.detach()
         self._core._close_handle()
         self._core._forget_protocol()
         if self._loop._transports.get(self._sock_fd) is self:

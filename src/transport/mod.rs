@@ -9,3 +9,4 @@
 
 pub(crate) mod datagram;
 pub(crate) mod stream;
+pub(crate) mod tcp;
