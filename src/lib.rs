@@ -26,6 +26,7 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transport::datagram::read_fd, m)?)?;
     m.add_function(wrap_pyfunction!(transport::tcp::tcp_connect, m)?)?;
     m.add_function(wrap_pyfunction!(transport::tcp::tcp_names, m)?)?;
+    m.add_function(wrap_pyfunction!(transport::tcp::bind_methods, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("BUILD_PROFILE", if cfg!(debug_assertions) { "debug" } else { "release" })?;
     Ok(())

@@ -23,12 +23,15 @@ from ._process import SubprocessTransport
 from ._server import NATIVE_CLIENT_TRACKING, apply_keep_alive, upgrade_server
 from ._transports import SocketTransport
 
+_open_tcp = SocketTransport._open_tcp
+
 __all__ = ("NetworkMixin",)
 
 _ACCEPT_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _INET_FAMILIES = (socket.AF_INET, socket.AF_INET6)
 _SOCK_STREAM = socket.SOCK_STREAM
-_ipaddr_info = base_events._ipaddr_info
+_FAMILIES = {socket.AF_INET: socket.AF_INET, socket.AF_INET6: socket.AF_INET6}
+_IPPROTO_TCP = socket.IPPROTO_TCP
 _tcp_connect = _zuvrs.tcp_connect
 
 
@@ -156,7 +159,7 @@ class NetworkMixin:
                 fileno = int(fileno.fileno())
             except (AttributeError, TypeError, ValueError):
                 raise ValueError(f"Invalid file object: {fd!r}") from None
-        transport = self._transports.get(fileno)
+        transport = self._stream_transports.get(fileno) or self._transports.get(fileno)
         if transport is not None and not transport.is_closing():
             raise RuntimeError(f"File descriptor {fd!r} is used by transport {transport!r}")
 
@@ -166,13 +169,13 @@ class NetworkMixin:
         """asyncio's create_connection; a plain TCP connection to an address
         literal (no other option, not in debug mode) is made natively, with
         the same steps, results and errors as asyncio's for that case."""
-        if kwargs or type(port) is not int or type(host) is not str or self._debug:
+        if kwargs or type(host) is not str or type(port) is not int or not 0 <= port <= 0xFFFF or self._debug:
             return await super().create_connection(protocol_factory, host, port, **kwargs)
-        info = _ipaddr_info(host, port, 0, _SOCK_STREAM, 0, 0)
-        if info is None:
+        started = _tcp_connect(self, host, port)
+        if started is None:
+            # Not an address literal: resolve it.
             return await super().create_connection(protocol_factory, host, port, **kwargs)
-        family, _, proto, _, address = info
-        fd, fut = _tcp_connect(self, family, address)
+        fd, family, fut = started
         try:
             if fut is not None:
                 await fut
@@ -183,7 +186,7 @@ class NetworkMixin:
             os.close(fd)
             raise
         waiter = self.create_future()
-        transport = SocketTransport._open_tcp(self, fd, family, proto, protocol, waiter)
+        transport = _open_tcp(self, fd, _FAMILIES[family], _IPPROTO_TCP, protocol, waiter)
         try:
             await waiter
         except BaseException:
@@ -384,11 +387,11 @@ class NetworkMixin:
         transp._core._set_sendfile_in_progress(True)
         try:
             await transp._wait_drained()
-            del self._transports[fd]
+            del self._stream_transports[fd]
             try:
                 return await self.sock_sendfile(sock, file, offset, count, fallback=False)
             finally:
-                self._transports[fd] = transp
+                self._stream_transports[fd] = transp
         finally:
             transp._core._set_sendfile_in_progress(False)
             if resume_reading:

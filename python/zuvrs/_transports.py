@@ -21,6 +21,8 @@ __all__ = ("SocketTransport",)
 
 _open_core = _zuvrs.StreamCore.open
 _tcp_names = _zuvrs.tcp_names
+_bind_methods = _zuvrs.bind_methods
+_BufferedProtocol = protocols.BufferedProtocol
 
 # The native core's methods bound on each instance: calling them runs no
 # Python code. The rest of the API forwards from Python (class methods below),
@@ -101,14 +103,13 @@ class SocketTransport(transports._FlowControlMixin):
     def _start(self, core, protocol, waiter, server):
         loop = self._loop
         self._server = server
-        self._protocol_connected = False
         self._core = core
-        for name in _HOT_METHODS:
-            setattr(self, name, getattr(core, name))
-        self.set_protocol(protocol)
+        _bind_methods(self, core, _HOT_METHODS)
+        core.set_protocol(protocol, isinstance(protocol, _BufferedProtocol))
+        self._protocol_connected = True
         if server is not None:
             _attach_to(server, self)
-        loop._transports[self._sock_fd] = self
+        loop._stream_transports[self._sock_fd] = self
         loop.call_soon(protocol.connection_made, self)
         # Reading starts only once connection_made() has run.
         loop.call_soon(core.start_reading)
@@ -224,8 +225,9 @@ class SocketTransport(transports._FlowControlMixin):
             sock.detach()
         self._core._close_handle()
         self._core._forget_protocol()
-        if self._loop._transports.get(self._sock_fd) is self:
-            del self._loop._transports[self._sock_fd]
+        transports = self._loop._stream_transports
+        if transports.get(self._sock_fd) is self:
+            del transports[self._sock_fd]
         server, self._server = self._server, None
         if server is not None:
             _detach_from(server, self)

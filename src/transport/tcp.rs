@@ -13,7 +13,7 @@
 use std::ffi::{c_void, CStr};
 use std::mem::MaybeUninit;
 
-use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
@@ -71,45 +71,6 @@ unsafe fn inet_address<'py>(py: Python<'py>, sa: *const libc::sockaddr_storage) 
     }
 }
 
-/// The C form of `address` (what `base_events._ipaddr_info` returns for an
-/// address literal: `(host, port)`, or `(host, port, flowinfo, scope_id)`).
-fn parse_inet_address(family: i32, address: &Bound<'_, PyTuple>) -> PyResult<(libc::sockaddr_storage, libc::socklen_t)> {
-    let bad = || PyValueError::new_err("not an address literal");
-    let host: String = address.get_item(0)?.extract()?;
-    let port: u16 = address.get_item(1)?.extract()?;
-    let chost = std::ffi::CString::new(host).map_err(|_| bad())?;
-    // SAFETY: zeroed sockaddr structs are valid; inet_pton writes at most
-    // the size of the address field it is given.
-    unsafe {
-        let mut ss: libc::sockaddr_storage = MaybeUninit::zeroed().assume_init();
-        match family {
-            libc::AF_INET => {
-                let a = &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in);
-                a.sin_family = libc::AF_INET as libc::sa_family_t;
-                a.sin_port = port.to_be();
-                if inet_pton(libc::AF_INET, chost.as_ptr(), &mut a.sin_addr as *mut _ as *mut c_void) != 1 {
-                    return Err(bad());
-                }
-                Ok((ss, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t))
-            }
-            libc::AF_INET6 => {
-                let flowinfo: u32 = if address.len() > 2 { address.get_item(2)?.extract()? } else { 0 };
-                let scope_id: u32 = if address.len() > 3 { address.get_item(3)?.extract()? } else { 0 };
-                let a = &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6);
-                a.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-                a.sin6_port = port.to_be();
-                a.sin6_flowinfo = flowinfo.to_be();
-                a.sin6_scope_id = scope_id;
-                if inet_pton(libc::AF_INET6, chost.as_ptr(), &mut a.sin6_addr as *mut _ as *mut c_void) != 1 {
-                    return Err(bad());
-                }
-                Ok((ss, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t))
-            }
-            _ => Err(bad()),
-        }
-    }
-}
-
 /// `(sockname, peername)` of a connected TCP socket, as asyncio's socket
 /// transports record them when created: None where the call fails.
 /// `peername`, when given (the address accept returned), is kept.
@@ -137,32 +98,64 @@ pub(crate) fn tcp_names(py: Python<'_>, fd: i32, peername: Option<Py<PyAny>>) ->
     Ok((sockname, peername))
 }
 
-/// Starts connecting a new non-blocking TCP socket to the address literal
-/// `address` (of `family`). Returns `(fd, None)` when connected at once,
-/// else `(fd, future)`: the future completes (None, or the OSError asyncio
-/// raises: "Connect call failed ...") when the connection is made or fails.
-/// The caller owns the fd; on a failure to create or connect the socket
-/// the fd is closed and the socket module's OSError raised.
+/// `host` as an address literal, as `asyncio.base_events._ipaddr_info`
+/// accepts it for a stream socket of any family (`inet_pton` for IPv4,
+/// then IPv6; never with a `%` zone index): the family and the socket
+/// address with `port`.
+fn literal_address(host: &str, port: u16) -> Option<(i32, libc::sockaddr_storage, libc::socklen_t)> {
+    if host.contains('%') {
+        return None;
+    }
+    let chost = std::ffi::CString::new(host).ok()?;
+    // SAFETY: zeroed sockaddr structs are valid; inet_pton writes at most
+    // the size of the address field it is given.
+    unsafe {
+        let mut ss: libc::sockaddr_storage = MaybeUninit::zeroed().assume_init();
+        let a = &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in);
+        if inet_pton(libc::AF_INET, chost.as_ptr(), &mut a.sin_addr as *mut _ as *mut c_void) == 1 {
+            a.sin_family = libc::AF_INET as libc::sa_family_t;
+            a.sin_port = port.to_be();
+            return Some((libc::AF_INET, ss, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t));
+        }
+        let mut ss: libc::sockaddr_storage = MaybeUninit::zeroed().assume_init();
+        let a = &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6);
+        if inet_pton(libc::AF_INET6, chost.as_ptr(), &mut a.sin6_addr as *mut _ as *mut c_void) == 1 {
+            a.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            a.sin6_port = port.to_be();
+            return Some((libc::AF_INET6, ss, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t));
+        }
+    }
+    None
+}
+
+/// Starts connecting a new non-blocking TCP socket to `(host, port)` when
+/// `host` is an address literal (else returns None: asyncio would resolve
+/// it). Returns `(fd, family, None)` when connected at once, else
+/// `(fd, family, future)`: the future completes (None, or the OSError
+/// asyncio raises: "Connect call failed ...") when the connection is made
+/// or fails. The caller owns the fd; on a failure to create or connect the
+/// socket the fd is closed and the socket module's OSError raised.
 #[pyfunction]
 pub(crate) fn tcp_connect(
     py: Python<'_>,
     loop_obj: &Bound<'_, PyAny>,
-    family: i32,
-    address: &Bound<'_, PyTuple>,
-) -> PyResult<(i32, Option<Py<PyAny>>)> {
-    let (ss, len) = parse_inet_address(family, address)?;
+    host: &Bound<'_, PyString>,
+    port: u16,
+) -> PyResult<Option<(i32, i32, Option<Py<PyAny>>)>> {
+    let Ok(text) = host.to_str() else { return Ok(None) };
+    let Some((family, ss, len)) = literal_address(text, port) else { return Ok(None) };
     // SAFETY: plain system calls on a descriptor created here.
     let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::IPPROTO_TCP) };
     if fd < 0 {
         return Err(os_error(last_errno()));
     }
-    let fail = |err: PyErr| -> PyResult<(i32, Option<Py<PyAny>>)> {
+    let fail = |err: PyErr| {
         // SAFETY: the fd is ours and not handed out.
         unsafe { libc::close(fd) };
         Err(err)
     };
     if unsafe { libc::connect(fd, &ss as *const _ as *const libc::sockaddr, len) } == 0 {
-        return Ok((fd, None));
+        return Ok(Some((fd, family, None)));
     }
     let errno = last_errno();
     if errno == libc::EINTR {
@@ -178,13 +171,13 @@ pub(crate) fn tcp_connect(
         let fut = loop_obj.call_method0(pyo3::intern!(py, "create_future"))?;
         let waiter = Py::new(
             py,
-            Connecting { loop_obj: loop_obj.clone().unbind(), fut: fut.clone().unbind(), fd, address: address.clone().into_any().unbind() },
+            Connecting { loop_obj: loop_obj.clone().unbind(), fut: fut.clone().unbind(), fd, family, host: host.clone().unbind(), port },
         )?;
         loop_obj.call_method1(pyo3::intern!(py, "_set_fd_handler"), (fd, true, waiter, PyTuple::empty(py)))?;
         Ok(fut.unbind())
     };
     match setup() {
-        Ok(fut) => Ok((fd, Some(fut))),
+        Ok(fut) => Ok(Some((fd, family, Some(fut)))),
         Err(err) => fail(err),
     }
 }
@@ -197,7 +190,9 @@ pub(crate) struct Connecting {
     loop_obj: Py<PyAny>,
     fut: Py<PyAny>,
     fd: i32,
-    address: Py<PyAny>,
+    family: i32,
+    host: Py<PyString>,
+    port: u16,
 }
 
 #[pymethods]
@@ -218,7 +213,17 @@ impl Connecting {
             }
             Err(os_error(errno))
         } else if err != 0 {
-            let msg = format!("Connect call failed {}", self.address.bind(py).str()?);
+            // The address as asyncio's sock_connect has it: (host, port), or
+            // (host, port, flowinfo, scope_id) for IPv6.
+            let host = self.host.bind(py).clone().into_any();
+            let port = self.port.into_pyobject(py)?.into_any();
+            let address = if self.family == libc::AF_INET6 {
+                let zero = 0u32.into_pyobject(py)?.into_any();
+                PyTuple::new(py, [host, port, zero.clone(), zero])?
+            } else {
+                PyTuple::new(py, [host, port])?
+            };
+            let msg = format!("Connect call failed {}", address.str()?);
             Err(PyOSError::new_err((err, msg)))
         } else {
             Ok(())
@@ -234,7 +239,7 @@ impl Connecting {
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         visit.call(&self.loop_obj)?;
         visit.call(&self.fut)?;
-        visit.call(&self.address)?;
+        visit.call(&self.host)?;
         Ok(())
     }
 }
@@ -303,6 +308,17 @@ impl Acceptor {
         visit.call(&self.on_error)?;
         Ok(())
     }
+}
+
+/// Sets `target.<name> = source.<name>` for every name in `names` (a
+/// transport taking its core's bound methods as its own).
+#[pyfunction]
+pub(crate) fn bind_methods(target: &Bound<'_, PyAny>, source: &Bound<'_, PyAny>, names: &Bound<'_, PyTuple>) -> PyResult<()> {
+    for name in names.iter() {
+        let name = name.cast_into::<PyString>()?;
+        target.setattr(&name, source.getattr(&name)?)?;
+    }
+    Ok(())
 }
 
 /// `func(fd, peer)` inside a fresh copy of the current context.
