@@ -17,6 +17,7 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::Handle>()?;
     m.add_class::<handles::TimerHandle>()?;
     m.add_class::<transport::stream::StreamCore>()?;
+    m.add_class::<transport::methods::CoreMethod>()?;
     m.add_class::<transport::tcp::Acceptor>()?;
     m.add_class::<transport::tcp::Connecting>()?;
     eventloop::install_fast_methods(m.py())?;
@@ -26,7 +27,6 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transport::datagram::read_fd, m)?)?;
     m.add_function(wrap_pyfunction!(transport::tcp::tcp_connect, m)?)?;
     m.add_function(wrap_pyfunction!(transport::tcp::tcp_names, m)?)?;
-    m.add_function(wrap_pyfunction!(transport::tcp::bind_methods, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("BUILD_PROFILE", if cfg!(debug_assertions) { "debug" } else { "release" })?;
     Ok(())

@@ -21,21 +21,9 @@ __all__ = ("SocketTransport",)
 
 _open_core = _zuvrs.StreamCore.open
 _tcp_names = _zuvrs.tcp_names
-_bind_methods = _zuvrs.bind_methods
+_start_reading = _zuvrs.StreamCore.start_reading
+_CoreMethod = _zuvrs.CoreMethod
 _BufferedProtocol = protocols.BufferedProtocol
-
-# The native core's methods bound on each instance: calling them runs no
-# Python code. The rest of the API forwards from Python (class methods below),
-# which saves binding a dozen methods per connection.
-_HOT_METHODS = (
-    "write",
-    "writelines",
-    "close",
-    "is_closing",
-    "pause_reading",
-    "resume_reading",
-    "get_write_buffer_size",
-)
 
 
 def _attach_to(server, transport):
@@ -65,6 +53,21 @@ class SocketTransport(transports._FlowControlMixin):
     _sendfile_compatible = constants._SendfileMode.TRY_NATIVE
     _start_tls_compatible = True
 
+    # The native core's methods, bound on an instance when first used (so
+    # calling them runs no Python code). The rest of the API forwards from
+    # Python (methods below).
+    write = _CoreMethod("write")
+    writelines = _CoreMethod("writelines")
+    close = _CoreMethod("close")
+    is_closing = _CoreMethod("is_closing")
+    pause_reading = _CoreMethod("pause_reading")
+    resume_reading = _CoreMethod("resume_reading")
+    get_write_buffer_size = _CoreMethod("get_write_buffer_size")
+
+    # The family and protocol of the socket object still to be made, for a
+    # transport opened on a bare fd (None: made, or never needed).
+    _sock_family = None
+
     def __init__(self, loop, sock, protocol, waiter=None, extra=None, server=None):
         asyncio.BaseTransport.__init__(self, extra)
         self._extra["socket"] = trsock.TransportSocket(sock)
@@ -72,7 +75,6 @@ class SocketTransport(transports._FlowControlMixin):
         self._loop = loop
         self._sock = sock
         self._sock_fd = fd = sock.fileno()
-        self._lazy_sock = None
         self._released = False
         # The core sets TCP_NODELAY on TCP sockets, as asyncio does.
         core = _zuvrs.StreamCore.open(loop, fd, self, sock.family == socket.AF_UNIX)
@@ -90,7 +92,8 @@ class SocketTransport(transports._FlowControlMixin):
             self._loop = loop
             self._sock = None
             self._sock_fd = fd
-            self._lazy_sock = (family, proto)
+            self._sock_family = family
+            self._sock_proto = proto
             self._released = False
             extra["sockname"], extra["peername"] = _tcp_names(fd, peername)
             core = _open_core(loop, fd, self, False)
@@ -104,7 +107,6 @@ class SocketTransport(transports._FlowControlMixin):
         loop = self._loop
         self._server = server
         self._core = core
-        _bind_methods(self, core, _HOT_METHODS)
         core.set_protocol(protocol, isinstance(protocol, _BufferedProtocol))
         self._protocol_connected = True
         if server is not None:
@@ -112,22 +114,22 @@ class SocketTransport(transports._FlowControlMixin):
         loop._stream_transports[self._sock_fd] = self
         loop.call_soon(protocol.connection_made, self)
         # Reading starts only once connection_made() has run.
-        loop.call_soon(core.start_reading)
+        loop.call_soon(_start_reading, core)
         if waiter is not None:
             loop.call_soon(futures._set_result_unless_cancelled, waiter, None)
 
     def get_extra_info(self, name, default=None):
-        if name == "socket" and self._lazy_sock is not None:
+        if name == "socket" and self._sock_family is not None:
             self._socket()
         return self._extra.get(name, default)
 
     def _socket(self):
         """The socket object (made now if this transport was opened on a
         bare fd); None once the transport has released its fd."""
-        spec = self._lazy_sock
-        if spec is not None:
-            self._lazy_sock = None
-            family, proto = spec
+        family = self._sock_family
+        if family is not None:
+            self._sock_family = None
+            proto = self._sock_proto
             if self._released:
                 # What asyncio's transport shows once closed: a closed
                 # socket of the same kind.
@@ -212,10 +214,12 @@ class SocketTransport(transports._FlowControlMixin):
                 if protocol is not None:
                     protocol.connection_lost(exc)
         finally:
-            self._release()
+            self._release(True)
 
-    def _release(self):
-        """Free the fd (libuv closes it) and forget the protocol and server."""
+    def _release(self, finished=False):
+        """Free the fd (libuv closes it) and forget the protocol and server;
+        `finished` (connection_lost has run) lets the core forget this
+        transport as well."""
         if self._released:
             return
         self._released = True
@@ -223,8 +227,9 @@ class SocketTransport(transports._FlowControlMixin):
         if sock is not None:
             # libuv owns the fd: keep the socket object from closing it too.
             sock.detach()
-        self._core._close_handle()
-        self._core._forget_protocol()
+        core = self._core
+        core._close_handle()
+        core._forget_protocol(finished)
         transports = self._loop._stream_transports
         if transports.get(self._sock_fd) is self:
             del transports[self._sock_fd]

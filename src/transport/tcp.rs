@@ -310,17 +310,6 @@ impl Acceptor {
     }
 }
 
-/// Sets `target.<name> = source.<name>` for every name in `names` (a
-/// transport taking its core's bound methods as its own).
-#[pyfunction]
-pub(crate) fn bind_methods(target: &Bound<'_, PyAny>, source: &Bound<'_, PyAny>, names: &Bound<'_, PyTuple>) -> PyResult<()> {
-    for name in names.iter() {
-        let name = name.cast_into::<PyString>()?;
-        target.setattr(&name, source.getattr(&name)?)?;
-    }
-    Ok(())
-}
-
 /// `func(fd, peer)` inside a fresh copy of the current context.
 fn call_in_new_context(py: Python<'_>, func: &Py<PyAny>, fd: i32, peer: Py<PyAny>) -> PyResult<()> {
     // SAFETY: the context is a new reference, entered and exited around the
