@@ -98,6 +98,10 @@ pub(crate) fn tcp_names(py: Python<'_>, fd: i32, peername: Option<Py<PyAny>>) ->
     Ok((sockname, peername))
 }
 
+/// What `tcp_connect` returns: the fd, its family, and the future of a
+/// connection still in progress.
+type Started = (i32, i32, Option<Py<PyAny>>);
+
 /// `host` as an address literal, as `asyncio.base_events._ipaddr_info`
 /// accepts it for a stream socket of any family (`inet_pton` for IPv4,
 /// then IPv6; never with a `%` zone index): the family and the socket
@@ -141,7 +145,7 @@ pub(crate) fn tcp_connect(
     loop_obj: &Bound<'_, PyAny>,
     host: &Bound<'_, PyString>,
     port: u16,
-) -> PyResult<Option<(i32, i32, Option<Py<PyAny>>)>> {
+) -> PyResult<Option<Started>> {
     let Ok(text) = host.to_str() else { return Ok(None) };
     let Some((family, ss, len)) = literal_address(text, port) else { return Ok(None) };
     // SAFETY: plain system calls on a descriptor created here.
