@@ -17,6 +17,7 @@ from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock
 from asyncio.log import logger
 
 from . import _zuvrs
+from ._all_errors import collecting_attempts
 from ._datagram import DatagramTransport
 from ._pipes import make_read_pipe_transport, make_write_pipe_transport
 from ._process import SubprocessTransport
@@ -169,7 +170,8 @@ class NetworkMixin:
         """asyncio's create_connection; a plain TCP connection to an address
         literal (no other option, not in debug mode) is made natively, with
         the same steps, results and errors as asyncio's for that case."""
-        if kwargs or type(host) is not str or type(port) is not int or not 0 <= port <= 0xFFFF or self._debug:
+        if (kwargs or type(host) is not str or type(port) is not int or not 0 <= port <= 0xFFFF
+                or self._debug or collecting_attempts()):
             return await super().create_connection(protocol_factory, host, port, **kwargs)
         started = _tcp_connect(self, host, port)
         if started is None:
@@ -232,7 +234,6 @@ class NetworkMixin:
         _accept_connection2 (errors reported in debug mode only)."""
         family = sock.family
         proto = sock.proto
-        open_tcp = SocketTransport._open_tcp
 
         def on_conn(fd, peername):
             protocol = None
@@ -246,7 +247,7 @@ class NetworkMixin:
                 self._accept_setup_failed(exc, protocol, None)
                 return
             try:
-                open_tcp(self, fd, family, proto, protocol, None, peername, server)
+                _open_tcp(self, fd, family, proto, protocol, None, peername, server)
             except (SystemExit, KeyboardInterrupt):
                 raise
             except BaseException as exc:
