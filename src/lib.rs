@@ -18,10 +18,15 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::TimerHandle>()?;
     m.add_class::<transport::stream::StreamCore>()?;
     m.add_class::<transport::udp::DatagramCore>()?;
+    m.add_class::<transport::methods::CoreMethod>()?;
+    m.add_class::<transport::tcp::Acceptor>()?;
+    m.add_class::<transport::tcp::Connecting>()?;
     eventloop::install_fast_methods(m.py())?;
     m.add_function(wrap_pyfunction!(libuv_version, m)?)?;
     m.add_function(wrap_pyfunction!(dns::numeric_addrinfo, m)?)?;
     m.add_function(wrap_pyfunction!(transport::datagram::read_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(transport::tcp::tcp_connect, m)?)?;
+    m.add_function(wrap_pyfunction!(transport::tcp::tcp_names, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("BUILD_PROFILE", if cfg!(debug_assertions) { "debug" } else { "release" })?;
     Ok(())

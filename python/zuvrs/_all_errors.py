@@ -15,9 +15,16 @@ grouped once asyncio has given up.
 import contextvars
 import sys
 
-__all__ = ("AllErrorsMixin",)
+__all__ = ("AllErrorsMixin", "collecting_attempts")
 
 _attempts = contextvars.ContextVar("zuvrs_connect_attempts", default=None)
+
+
+def collecting_attempts():
+    """Whether a create_connection(all_errors=True) in progress needs every
+    attempt made through _connect_sock (zuvrs's native fast path for
+    address literals does not, so it steps aside)."""
+    return _attempts.get() is not None
 
 
 class AllErrorsMixin:

@@ -68,8 +68,12 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         # The wakeup fd that was set before this loop claimed it, or None
         # while the loop does not hold it.
         self._wakeup_previous = None
-        # fd -> open socket transport (for add_reader checks and loop close).
+        # fd -> open datagram transport (for add_reader checks and loop close).
         self._transports = weakref.WeakValueDictionary()
+        # fd -> open stream transport; each is alive anyway while its libuv
+        # handle is open (the core holds it) and leaves when it releases
+        # its fd, so a plain dict does.
+        self._stream_transports = {}
         # Listening Unix socket -> (path, inode), removed when the server closes.
         self._unix_socket_files = {}
         self._child_reaper = ChildReaper(self)
@@ -117,6 +121,8 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         asyncio.BaseEventLoop.close(self)
         self._child_reaper.close()
         # Transports still open lose their fd with the loop (libuv closes it).
+        for transport in list(self._stream_transports.values()):
+            transport._release()
         for transport in list(self._transports.values()):
             transport._release()
         self._free_core()

@@ -17,15 +17,23 @@ from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock
 from asyncio.log import logger
 
 from . import _zuvrs
+from ._all_errors import collecting_attempts
 from ._datagram import make_datagram_transport
 from ._pipes import make_read_pipe_transport, make_write_pipe_transport
 from ._process import SubprocessTransport
 from ._server import NATIVE_CLIENT_TRACKING, apply_keep_alive, upgrade_server
 from ._transports import SocketTransport
 
+_open_tcp = SocketTransport._open_tcp
+
 __all__ = ("NetworkMixin",)
 
 _ACCEPT_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_INET_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+_SOCK_STREAM = socket.SOCK_STREAM
+_FAMILIES = {socket.AF_INET: socket.AF_INET, socket.AF_INET6: socket.AF_INET6}
+_IPPROTO_TCP = socket.IPPROTO_TCP
+_tcp_connect = _zuvrs.tcp_connect
 
 
 def _check_socket(loop, sock):
@@ -152,9 +160,41 @@ class NetworkMixin:
                 fileno = int(fileno.fileno())
             except (AttributeError, TypeError, ValueError):
                 raise ValueError(f"Invalid file object: {fd!r}") from None
-        transport = self._transports.get(fileno)
+        transport = self._stream_transports.get(fileno) or self._transports.get(fileno)
         if transport is not None and not transport.is_closing():
             raise RuntimeError(f"File descriptor {fd!r} is used by transport {transport!r}")
+
+    # -- connecting -----------------------------------------------------------
+
+    async def create_connection(self, protocol_factory, host=None, port=None, **kwargs):
+        """asyncio's create_connection; a plain TCP connection to an address
+        literal (no other option, not in debug mode) is made natively, with
+        the same steps, results and errors as asyncio's for that case."""
+        if (kwargs or type(host) is not str or type(port) is not int or not 0 <= port <= 0xFFFF
+                or self._debug or collecting_attempts()):
+            return await super().create_connection(protocol_factory, host, port, **kwargs)
+        started = _tcp_connect(self, host, port)
+        if started is None:
+            # Not an address literal: resolve it.
+            return await super().create_connection(protocol_factory, host, port, **kwargs)
+        fd, family, fut = started
+        try:
+            if fut is not None:
+                await fut
+            protocol = protocol_factory()
+        except BaseException:
+            if fut is not None and not self.is_closed():
+                self._clear_fd_handler(fd, True)
+            os.close(fd)
+            raise
+        waiter = self.create_future()
+        transport = _open_tcp(self, fd, _FAMILIES[family], _IPPROTO_TCP, protocol, waiter)
+        try:
+            await waiter
+        except BaseException:
+            transport.close()
+            raise
+        return transport, protocol
 
     # -- servers ------------------------------------------------------------
 
@@ -175,9 +215,72 @@ class NetworkMixin:
         return server
 
     def _start_serving(self, protocol_factory, sock, sslcontext=None, server=None, backlog=100, *timeouts):
+        if sslcontext is None and not self._debug and sock.family in _INET_FAMILIES:
+            # Plain TCP: accepted natively, each connection set up at once.
+            on_conn = self._tcp_accepted_cb(protocol_factory, sock, server)
+
+            def on_error(exc):
+                self._accept_failed(exc, protocol_factory, sock, sslcontext, server, backlog, *timeouts)
+
+            self._set_fd_handler(sock.fileno(), False, _zuvrs.Acceptor(sock.fileno(), backlog, on_conn, on_error), ())
+            return
         self._set_fd_handler(
             sock.fileno(), False, self._accept_connections,
             (protocol_factory, sock, sslcontext, server, backlog) + tuple(timeouts),
+        )
+
+    def _tcp_accepted_cb(self, protocol_factory, sock, server):
+        """The per-connection set-up of a TCP server: asyncio's
+        _accept_connection2 (errors reported in debug mode only)."""
+        family = sock.family
+        proto = sock.proto
+
+        def on_conn(fd, peername):
+            protocol = None
+            try:
+                protocol = protocol_factory()
+            except (SystemExit, KeyboardInterrupt):
+                os.close(fd)
+                raise
+            except BaseException as exc:
+                os.close(fd)
+                self._accept_setup_failed(exc, protocol, None)
+                return
+            try:
+                _open_tcp(self, fd, family, proto, protocol, None, peername, server)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._accept_setup_failed(exc, protocol, None)
+
+        return on_conn
+
+    def _accept_setup_failed(self, exc, protocol, transport):
+        if self._debug:
+            context = {
+                "message": "Error on transport creation for incoming connection",
+                "exception": exc,
+            }
+            if protocol is not None:
+                context["protocol"] = protocol
+            if transport is not None:
+                context["transport"] = transport
+            self.call_exception_handler(context)
+
+    def _accept_failed(self, exc, protocol_factory, sock, sslcontext, server, backlog, *timeouts):
+        """Out of fds or memory: stop accepting for a moment (Linux keeps
+        reporting the socket readable) and log it, as asyncio does."""
+        self.call_exception_handler(
+            {
+                "message": "socket.accept() out of system resource",
+                "exception": exc,
+                "socket": trsock.TransportSocket(sock),
+            }
+        )
+        self._clear_fd_handler(sock.fileno(), False)
+        self.call_later(
+            constants.ACCEPT_RETRY_DELAY, self._start_serving,
+            protocol_factory, sock, sslcontext, server, backlog, *timeouts,
         )
 
     def _stop_serving(self, sock):
@@ -204,20 +307,7 @@ class NetworkMixin:
             except OSError as exc:
                 if exc.errno not in _ACCEPT_OUT_OF_RESOURCES:
                     raise
-                # Out of fds or memory: stop accepting for a moment (Linux
-                # keeps reporting the socket readable) and log it.
-                self.call_exception_handler(
-                    {
-                        "message": "socket.accept() out of system resource",
-                        "exception": exc,
-                        "socket": trsock.TransportSocket(sock),
-                    }
-                )
-                self._clear_fd_handler(sock.fileno(), False)
-                self.call_later(
-                    constants.ACCEPT_RETRY_DELAY, self._start_serving,
-                    protocol_factory, sock, sslcontext, server, backlog, *timeouts,
-                )
+                self._accept_failed(exc, protocol_factory, sock, sslcontext, server, backlog, *timeouts)
                 return
             self.create_task(
                 self._set_up_accepted(protocol_factory, conn, {"peername": addr}, sslcontext, server, timeouts)
@@ -244,16 +334,7 @@ class NetworkMixin:
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
-            if self._debug:
-                context = {
-                    "message": "Error on transport creation for incoming connection",
-                    "exception": exc,
-                }
-                if protocol is not None:
-                    context["protocol"] = protocol
-                if transport is not None:
-                    context["transport"] = transport
-                self.call_exception_handler(context)
+            self._accept_setup_failed(exc, protocol, transport)
 
     # -- sendfile ----------------------------------------------------------------
 
@@ -298,7 +379,8 @@ class NetworkMixin:
     async def _sendfile_native(self, transp, file, offset, count):
         """loop.sendfile() on a zuvrs socket transport: wait until its
         buffer is empty, then sendfile straight into the socket."""
-        if not isinstance(transp, SocketTransport) or transp._sock is None:
+        sock = transp._socket() if isinstance(transp, SocketTransport) else None
+        if sock is None:
             raise exceptions.SendfileNotAvailableError("not a socket transport")
         fd = transp._sock_fd
         resume_reading = transp.is_reading()
@@ -306,11 +388,11 @@ class NetworkMixin:
         transp._core._set_sendfile_in_progress(True)
         try:
             await transp._wait_drained()
-            del self._transports[fd]
+            del self._stream_transports[fd]
             try:
-                return await self.sock_sendfile(transp._sock, file, offset, count, fallback=False)
+                return await self.sock_sendfile(sock, file, offset, count, fallback=False)
             finally:
-                self._transports[fd] = transp
+                self._stream_transports[fd] = transp
         finally:
             transp._core._set_sendfile_in_progress(False)
             if resume_reading:

@@ -8,6 +8,7 @@ connection_lost, error reports, server bookkeeping) is here.
 """
 
 import asyncio
+import os
 import socket
 from asyncio import constants, futures, protocols, transports, trsock
 from asyncio.log import logger
@@ -18,18 +19,11 @@ from ._server import NATIVE_CLIENT_TRACKING, Server
 
 __all__ = ("SocketTransport",)
 
-# The native core's methods bound on each instance: calling them runs no
-# Python code. The rest of the API forwards from Python (class methods below),
-# which saves binding a dozen methods per connection.
-_HOT_METHODS = (
-    "write",
-    "writelines",
-    "close",
-    "is_closing",
-    "pause_reading",
-    "resume_reading",
-    "get_write_buffer_size",
-)
+_open_core = _zuvrs.StreamCore.open
+_tcp_names = _zuvrs.tcp_names
+_start_reading = _zuvrs.StreamCore.start_reading
+_CoreMethod = _zuvrs.CoreMethod
+_BufferedProtocol = protocols.BufferedProtocol
 
 
 def _attach_to(server, transport):
@@ -59,29 +53,94 @@ class SocketTransport(transports._FlowControlMixin):
     _sendfile_compatible = constants._SendfileMode.TRY_NATIVE
     _start_tls_compatible = True
 
+    # The native core's methods, bound on an instance when first used (so
+    # calling them runs no Python code). The rest of the API forwards from
+    # Python (methods below).
+    write = _CoreMethod("write")
+    writelines = _CoreMethod("writelines")
+    close = _CoreMethod("close")
+    is_closing = _CoreMethod("is_closing")
+    pause_reading = _CoreMethod("pause_reading")
+    resume_reading = _CoreMethod("resume_reading")
+    get_write_buffer_size = _CoreMethod("get_write_buffer_size")
+
+    # The family and protocol of the socket object still to be made, for a
+    # transport opened on a bare fd (None: made, or never needed).
+    _sock_family = None
+
     def __init__(self, loop, sock, protocol, waiter=None, extra=None, server=None):
         asyncio.BaseTransport.__init__(self, extra)
         self._extra["socket"] = trsock.TransportSocket(sock)
         socket_extra(self._extra, sock)
         self._loop = loop
         self._sock = sock
-        self._sock_fd = sock.fileno()
-        self._server = server
-        self._protocol_connected = False
+        self._sock_fd = fd = sock.fileno()
+        self._released = False
         # The core sets TCP_NODELAY on TCP sockets, as asyncio does.
-        core = _zuvrs.StreamCore.open(loop, self._sock_fd, self, sock.family == socket.AF_UNIX)
+        core = _zuvrs.StreamCore.open(loop, fd, self, sock.family == socket.AF_UNIX)
+        self._start(core, protocol, waiter, server)
+
+    @classmethod
+    def _open_tcp(cls, loop, fd, family, proto, protocol, waiter=None, peername=None, server=None):
+        """A transport over the connected TCP socket `fd` (from accept or
+        connect; the transport owns it from now on, closing it if this
+        fails). The socket object behind get_extra_info('socket') is only
+        made when asked for."""
+        self = cls.__new__(cls)
+        try:
+            self._extra = extra = {}
+            self._loop = loop
+            self._sock = None
+            self._sock_fd = fd
+            self._sock_family = family
+            self._sock_proto = proto
+            self._released = False
+            extra["sockname"], extra["peername"] = _tcp_names(fd, peername)
+            core = _open_core(loop, fd, self, False)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._start(core, protocol, waiter, server)
+        return self
+
+    def _start(self, core, protocol, waiter, server):
+        loop = self._loop
+        self._server = server
         self._core = core
-        for name in _HOT_METHODS:
-            setattr(self, name, getattr(core, name))
-        self.set_protocol(protocol)
+        core.set_protocol(protocol, isinstance(protocol, _BufferedProtocol))
+        self._protocol_connected = True
         if server is not None:
             _attach_to(server, self)
-        loop._transports[self._sock_fd] = self
+        loop._stream_transports[self._sock_fd] = self
         loop.call_soon(protocol.connection_made, self)
         # Reading starts only once connection_made() has run.
-        loop.call_soon(core.start_reading)
+        loop.call_soon(_start_reading, core)
         if waiter is not None:
             loop.call_soon(futures._set_result_unless_cancelled, waiter, None)
+
+    def get_extra_info(self, name, default=None):
+        if name == "socket" and self._sock_family is not None:
+            self._socket()
+        return self._extra.get(name, default)
+
+    def _socket(self):
+        """The socket object (made now if this transport was opened on a
+        bare fd); None once the transport has released its fd."""
+        family = self._sock_family
+        if family is not None:
+            self._sock_family = None
+            proto = self._sock_proto
+            if self._released:
+                # What asyncio's transport shows once closed: a closed
+                # socket of the same kind.
+                sock = socket.socket(family, socket.SOCK_STREAM, proto)
+                sock.close()
+            else:
+                sock = socket.socket(family, socket.SOCK_STREAM, proto, self._sock_fd)
+                sock.setblocking(False)
+                self._sock = sock
+            self._extra["socket"] = trsock.TransportSocket(sock)
+        return self._sock
 
     @property
     def _protocol_paused(self):
@@ -119,7 +178,7 @@ class SocketTransport(transports._FlowControlMixin):
 
     def __repr__(self):
         info = [type(self).__name__]
-        if self._sock is None:
+        if self._released:
             info.append("closed")
         elif self._core.is_closing():
             info.append("closing")
@@ -155,20 +214,25 @@ class SocketTransport(transports._FlowControlMixin):
                 if protocol is not None:
                     protocol.connection_lost(exc)
         finally:
-            self._release()
+            self._release(True)
 
-    def _release(self):
-        """Free the fd (libuv closes it) and forget the protocol and server."""
-        sock = self._sock
-        if sock is None:
+    def _release(self, finished=False):
+        """Free the fd (libuv closes it) and forget the protocol and server;
+        `finished` (connection_lost has run) lets the core forget this
+        transport as well."""
+        if self._released:
             return
-        self._sock = None
-        # libuv owns the fd: keep the socket object from closing it too.
-        sock.detach()
-        self._core._close_handle()
-        self._core._forget_protocol()
-        if self._loop._transports.get(self._sock_fd) is self:
-            del self._loop._transports[self._sock_fd]
+        self._released = True
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            # libuv owns the fd: keep the socket object from closing it too.
+            sock.detach()
+        core = self._core
+        core._close_handle()
+        core._forget_protocol(finished)
+        transports = self._loop._stream_transports
+        if transports.get(self._sock_fd) is self:
+            del transports[self._sock_fd]
         server, self._server = self._server, None
         if server is not None:
             _detach_from(server, self)

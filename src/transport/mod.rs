@@ -8,5 +8,7 @@
 //! connection (connection_made, connection_lost, error reports) is Python.
 
 pub(crate) mod datagram;
+pub(crate) mod methods;
 pub(crate) mod stream;
+pub(crate) mod tcp;
 pub(crate) mod udp;

@@ -1141,10 +1141,17 @@ impl StreamCore {
     }
 
     /// Drops the protocol (after connection_lost), breaking the cycle
-    /// transport -> protocol -> transport.
-    fn _forget_protocol(&self) {
-        let old = unsafe { self.st().protocol.take() };
+    /// transport -> protocol -> transport. With `transport` (the connection
+    /// is over: nothing calls back into the transport any more), drops the
+    /// transport too, so transport and core are freed by reference counting
+    /// rather than left to the cyclic GC.
+    #[pyo3(signature = (transport=false))]
+    fn _forget_protocol(&self, py: Python<'_>, transport: bool) {
+        let st = unsafe { self.st() };
+        let old = st.protocol.take();
+        let wrapper = transport.then(|| std::mem::replace(&mut st.wrapper, py.None()));
         drop(old);
+        drop(wrapper);
     }
 
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {

@@ -1,0 +1,338 @@
+//! Setting TCP connections up natively: connecting to an address literal
+//! (the fast path of `create_connection`), accepting on a listening socket
+//! (servers), and the sockname / peername a transport reports.
+//!
+//! asyncio does each of these in Python around socket objects: a socket
+//! object per connection, `sock.connect` plus a writer callback checking
+//! `SO_ERROR`, `sock.accept` plus a task per accepted connection. Here the
+//! system calls are made directly on fds and only the results reach Python:
+//! an fd for `_transports.py` to open a `StreamCore` on, the peer address,
+//! and the exceptions asyncio would raise, with the same errno, class and
+//! message.
+
+use std::ffi::{c_void, CStr};
+use std::mem::MaybeUninit;
+
+use pyo3::exceptions::PyOSError;
+use pyo3::prelude::*;
+use pyo3::types::{PyString, PyTuple};
+
+// The C library's, as the socket module uses (the libc crate lacks them).
+extern "C" {
+    fn inet_ntop(af: libc::c_int, src: *const c_void, dst: *mut libc::c_char, size: libc::socklen_t) -> *const libc::c_char;
+    fn inet_pton(af: libc::c_int, src: *const libc::c_char, dst: *mut c_void) -> libc::c_int;
+}
+
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// `OSError(errno, strerror(errno))`, as the socket module raises for a
+/// failed call (OSError's constructor picks the subclass from errno).
+fn os_error(errno: i32) -> PyErr {
+    // SAFETY: strerror returns a valid C string for any errno.
+    let msg = unsafe { CStr::from_ptr(libc::strerror(errno)) }.to_string_lossy().into_owned();
+    PyOSError::new_err((errno, msg))
+}
+
+/// The socket module's form of an IPv4 / IPv6 address: `(host, port)` or
+/// `(host, port, flowinfo, scope_id)`, the host as `inet_ntop` writes it.
+/// None for other families.
+///
+/// # Safety
+/// `sa` points at a socket address of at least the size its family implies.
+unsafe fn inet_address<'py>(py: Python<'py>, sa: *const libc::sockaddr_storage) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let mut text = [0 as libc::c_char; 64];
+    unsafe {
+        match (*sa).ss_family as i32 {
+            libc::AF_INET => {
+                let a = &*(sa as *const libc::sockaddr_in);
+                inet_ntop(libc::AF_INET, &a.sin_addr as *const _ as *const c_void, text.as_mut_ptr(), 64);
+                let host = PyString::new(py, &CStr::from_ptr(text.as_ptr()).to_string_lossy());
+                let port = u16::from_be(a.sin_port).into_pyobject(py)?;
+                Ok(Some(PyTuple::new(py, [host.into_any(), port.into_any()])?))
+            }
+            libc::AF_INET6 => {
+                let a = &*(sa as *const libc::sockaddr_in6);
+                inet_ntop(libc::AF_INET6, &a.sin6_addr as *const _ as *const c_void, text.as_mut_ptr(), 64);
+                let host = PyString::new(py, &CStr::from_ptr(text.as_ptr()).to_string_lossy());
+                Ok(Some(PyTuple::new(
+                    py,
+                    [
+                        host.into_any(),
+                        u16::from_be(a.sin6_port).into_pyobject(py)?.into_any(),
+                        u32::from_be(a.sin6_flowinfo).into_pyobject(py)?.into_any(),
+                        a.sin6_scope_id.into_pyobject(py)?.into_any(),
+                    ],
+                )?))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// `(sockname, peername)` of a connected TCP socket, as asyncio's socket
+/// transports record them when created: None where the call fails.
+/// `peername`, when given (the address accept returned), is kept.
+#[pyfunction]
+#[pyo3(signature = (fd, peername=None))]
+pub(crate) fn tcp_names(py: Python<'_>, fd: i32, peername: Option<Py<PyAny>>) -> PyResult<(Py<PyAny>, Py<PyAny>)> {
+    let name = |peer: bool| -> PyResult<Py<PyAny>> {
+        // SAFETY: the storage is large enough for any address.
+        unsafe {
+            let mut ss: libc::sockaddr_storage = MaybeUninit::zeroed().assume_init();
+            let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            let p = &mut ss as *mut _ as *mut libc::sockaddr;
+            let rc = if peer { libc::getpeername(fd, p, &mut len) } else { libc::getsockname(fd, p, &mut len) };
+            if rc < 0 {
+                return Ok(py.None());
+            }
+            Ok(inet_address(py, &ss)?.map_or_else(|| py.None(), |t| t.into_any().unbind()))
+        }
+    };
+    let sockname = name(false)?;
+    let peername = match peername {
+        Some(p) => p,
+        None => name(true)?,
+    };
+    Ok((sockname, peername))
+}
+
+/// What `tcp_connect` returns: the fd, its family, and the future of a
+/// connection still in progress.
+type Started = (i32, i32, Option<Py<PyAny>>);
+
+/// `host` as an address literal, as `asyncio.base_events._ipaddr_info`
+/// accepts it for a stream socket of any family (`inet_pton` for IPv4,
+/// then IPv6; never with a `%` zone index): the family and the socket
+/// address with `port`.
+fn literal_address(host: &str, port: u16) -> Option<(i32, libc::sockaddr_storage, libc::socklen_t)> {
+    if host.contains('%') {
+        return None;
+    }
+    let chost = std::ffi::CString::new(host).ok()?;
+    // SAFETY: zeroed sockaddr structs are valid; inet_pton writes at most
+    // the size of the address field it is given.
+    unsafe {
+        let mut ss: libc::sockaddr_storage = MaybeUninit::zeroed().assume_init();
+        let a = &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in);
+        if inet_pton(libc::AF_INET, chost.as_ptr(), &mut a.sin_addr as *mut _ as *mut c_void) == 1 {
+            a.sin_family = libc::AF_INET as libc::sa_family_t;
+            a.sin_port = port.to_be();
+            return Some((libc::AF_INET, ss, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t));
+        }
+        let mut ss: libc::sockaddr_storage = MaybeUninit::zeroed().assume_init();
+        let a = &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6);
+        if inet_pton(libc::AF_INET6, chost.as_ptr(), &mut a.sin6_addr as *mut _ as *mut c_void) == 1 {
+            a.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            a.sin6_port = port.to_be();
+            return Some((libc::AF_INET6, ss, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t));
+        }
+    }
+    None
+}
+
+/// Starts connecting a new non-blocking TCP socket to `(host, port)` when
+/// `host` is an address literal (else returns None: asyncio would resolve
+/// it). Returns `(fd, family, None)` when connected at once, else
+/// `(fd, family, future)`: the future completes (None, or the OSError
+/// asyncio raises: "Connect call failed ...") when the connection is made
+/// or fails. The caller owns the fd; on a failure to create or connect the
+/// socket the fd is closed and the socket module's OSError raised.
+#[pyfunction]
+pub(crate) fn tcp_connect(
+    py: Python<'_>,
+    loop_obj: &Bound<'_, PyAny>,
+    host: &Bound<'_, PyString>,
+    port: u16,
+) -> PyResult<Option<Started>> {
+    let Ok(text) = host.to_str() else { return Ok(None) };
+    let Some((family, ss, len)) = literal_address(text, port) else { return Ok(None) };
+    // SAFETY: plain system calls on a descriptor created here.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::IPPROTO_TCP) };
+    if fd < 0 {
+        return Err(os_error(last_errno()));
+    }
+    let fail = |err: PyErr| {
+        // SAFETY: the fd is ours and not handed out.
+        unsafe { libc::close(fd) };
+        Err(err)
+    };
+    if unsafe { libc::connect(fd, &ss as *const _ as *const libc::sockaddr, len) } == 0 {
+        return Ok(Some((fd, family, None)));
+    }
+    let errno = last_errno();
+    if errno == libc::EINTR {
+        // The socket module runs signal handlers first; the connection
+        // goes on asynchronously (asyncio then waits for it).
+        if let Err(err) = py.check_signals() {
+            return fail(err);
+        }
+    } else if errno != libc::EINPROGRESS {
+        return fail(os_error(errno));
+    }
+    let setup = || -> PyResult<Py<PyAny>> {
+        let fut = loop_obj.call_method0(pyo3::intern!(py, "create_future"))?;
+        let waiter = Py::new(
+            py,
+            Connecting { loop_obj: loop_obj.clone().unbind(), fut: fut.clone().unbind(), fd, family, host: host.clone().unbind(), port },
+        )?;
+        loop_obj.call_method1(pyo3::intern!(py, "_set_fd_handler"), (fd, true, waiter, PyTuple::empty(py)))?;
+        Ok(fut.unbind())
+    };
+    match setup() {
+        Ok(fut) => Ok(Some((fd, family, Some(fut)))),
+        Err(err) => fail(err),
+    }
+}
+
+/// The writer callback of a connecting socket: once writable, completes the
+/// future with the connection's outcome (asyncio's `_sock_connect_cb`) and
+/// stops watching the fd.
+#[pyclass(module = "zuvrs._zuvrs", frozen)]
+pub(crate) struct Connecting {
+    loop_obj: Py<PyAny>,
+    fut: Py<PyAny>,
+    fd: i32,
+    family: i32,
+    host: Py<PyString>,
+    port: u16,
+}
+
+#[pymethods]
+impl Connecting {
+    fn __call__(&self, py: Python<'_>) -> PyResult<()> {
+        let fut = self.fut.bind(py);
+        if fut.call_method0(pyo3::intern!(py, "done"))?.is_truthy()? {
+            return Ok(());
+        }
+        let mut err: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: err and len are valid for an int option.
+        let rc = unsafe { libc::getsockopt(self.fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut err as *mut _ as *mut c_void, &mut len) };
+        let outcome = if rc < 0 {
+            let errno = last_errno();
+            if errno == libc::EAGAIN || errno == libc::EINTR {
+                return Ok(()); // asyncio tries again when next writable
+            }
+            Err(os_error(errno))
+        } else if err != 0 {
+            // The address as asyncio's sock_connect has it: (host, port), or
+            // (host, port, flowinfo, scope_id) for IPv6.
+            let host = self.host.bind(py).clone().into_any();
+            let port = self.port.into_pyobject(py)?.into_any();
+            let address = if self.family == libc::AF_INET6 {
+                let zero = 0u32.into_pyobject(py)?.into_any();
+                PyTuple::new(py, [host, port, zero.clone(), zero])?
+            } else {
+                PyTuple::new(py, [host, port])?
+            };
+            let msg = format!("Connect call failed {}", address.str()?);
+            Err(PyOSError::new_err((err, msg)))
+        } else {
+            Ok(())
+        };
+        self.loop_obj.call_method1(py, pyo3::intern!(py, "_clear_fd_handler"), (self.fd, true))?;
+        match outcome {
+            Ok(()) => fut.call_method1(pyo3::intern!(py, "set_result"), (py.None(),))?,
+            Err(exc) => fut.call_method1(pyo3::intern!(py, "set_exception"), (exc.into_value(py),))?,
+        };
+        Ok(())
+    }
+
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.loop_obj)?;
+        visit.call(&self.fut)?;
+        visit.call(&self.host)?;
+        Ok(())
+    }
+}
+
+/// The reader callback of a listening TCP socket: accepts up to `backlog`
+/// pending connections per readiness (as asyncio does) and hands each to
+/// `on_conn(fd, peername)`, run in a copy of the current context of its
+/// own, as asyncio's per-connection task would be. Running out of fds or
+/// memory calls `on_error(exc)` and stops; other accept errors raise (the
+/// loop reports them).
+#[pyclass(module = "zuvrs._zuvrs", frozen)]
+pub(crate) struct Acceptor {
+    fd: i32,
+    backlog: i64,
+    on_conn: Py<PyAny>,
+    on_error: Py<PyAny>,
+}
+
+#[pymethods]
+impl Acceptor {
+    #[new]
+    fn new(fd: i32, backlog: i64, on_conn: Py<PyAny>, on_error: Py<PyAny>) -> Self {
+        Acceptor { fd, backlog, on_conn, on_error }
+    }
+
+    fn __call__(&self, py: Python<'_>) -> PyResult<()> {
+        let mut accepted = 0;
+        while accepted < self.backlog {
+            // SAFETY: the storage is large enough for any address.
+            let mut ss: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
+            let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            let fd = unsafe {
+                libc::accept4(self.fd, &mut ss as *mut _ as *mut libc::sockaddr, &mut len, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+            };
+            if fd < 0 {
+                return match last_errno() {
+                    libc::EINTR => {
+                        py.check_signals()?;
+                        continue;
+                    }
+                    libc::EAGAIN | libc::ECONNABORTED => Ok(()),
+                    e @ (libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                        self.on_error.call1(py, (os_error(e).into_value(py),))?;
+                        Ok(())
+                    }
+                    e => Err(os_error(e)),
+                };
+            }
+            accepted += 1;
+            let peer = match unsafe { inet_address(py, &ss) } {
+                Ok(p) => p.map_or_else(|| py.None(), |t| t.into_any().unbind()),
+                Err(err) => {
+                    // SAFETY: the fd is ours until on_conn takes it.
+                    unsafe { libc::close(fd) };
+                    return Err(err);
+                }
+            };
+            // From here on_conn owns the fd (and closes it if it fails).
+            call_in_new_context(py, &self.on_conn, fd, peer)?;
+        }
+        Ok(())
+    }
+
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.on_conn)?;
+        visit.call(&self.on_error)?;
+        Ok(())
+    }
+}
+
+/// `func(fd, peer)` inside a fresh copy of the current context.
+fn call_in_new_context(py: Python<'_>, func: &Py<PyAny>, fd: i32, peer: Py<PyAny>) -> PyResult<()> {
+    // SAFETY: the context is a new reference, entered and exited around the
+    // call on this thread, then released.
+    unsafe {
+        let ctx = pyo3::ffi::PyContext_CopyCurrent();
+        if ctx.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        if pyo3::ffi::PyContext_Enter(ctx) < 0 {
+            pyo3::ffi::Py_DECREF(ctx);
+            return Err(PyErr::fetch(py));
+        }
+        let result = func.call1(py, (fd, peer));
+        let exited = pyo3::ffi::PyContext_Exit(ctx);
+        pyo3::ffi::Py_DECREF(ctx);
+        if exited < 0 {
+            return Err(PyErr::fetch(py));
+        }
+        result.map(drop)
+    }
+}
