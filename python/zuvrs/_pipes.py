@@ -18,6 +18,8 @@ from . import _zuvrs
 from ._fdtransport import FdReadingMixin, FdTransportMixin
 from ._zuvrs import read_fd
 
+_CoreMethod = _zuvrs.CoreMethod
+
 __all__ = ("make_read_pipe_transport", "make_write_pipe_transport")
 
 
@@ -51,7 +53,9 @@ class _StreamPipeTransport:
     duplicate of the pipe's fd (closed with the handle); the pipe object
     itself is closed after connection_lost, as asyncio closes it."""
 
-    _HOT_METHODS = ("close", "is_closing")
+    # The core's methods, bound on an instance when first used.
+    close = _CoreMethod("close")
+    is_closing = _CoreMethod("is_closing")
 
     def _open(self, loop, pipe, protocol, extra):
         self._extra["pipe"] = pipe
@@ -65,8 +69,6 @@ class _StreamPipeTransport:
             os.close(fd)
             raise
         os.set_blocking(self._fileno, False)  # as asyncio leaves the pipe
-        for name in self._HOT_METHODS:
-            setattr(self, name, getattr(self._core, name))
         # asyncio's pipe transports call data_received, even for a
         # BufferedProtocol.
         self._core.set_protocol(protocol, False)
@@ -116,11 +118,15 @@ class _StreamPipeTransport:
         pipe, self._pipe = self._pipe, None
         pipe.close()
         self._core._close_handle()
-        self._core._forget_protocol()
+        # Nothing calls back any more: the core lets go of this transport
+        # too, so neither waits for the cyclic GC.
+        self._core._forget_protocol(True)
 
 
 class ReadPipeTransport(_StreamPipeTransport, transports.ReadTransport):
-    _HOT_METHODS = ("close", "is_closing", "pause_reading", "resume_reading", "is_reading")
+    pause_reading = _CoreMethod("pause_reading")
+    resume_reading = _CoreMethod("resume_reading")
+    is_reading = _CoreMethod("is_reading")
 
     def __init__(self, loop, pipe, protocol, waiter=None, extra=None):
         super().__init__(extra)
@@ -137,7 +143,9 @@ class ReadPipeTransport(_StreamPipeTransport, transports.ReadTransport):
 
 
 class WritePipeTransport(_StreamPipeTransport, transports._FlowControlMixin, transports.WriteTransport):
-    _HOT_METHODS = ("close", "is_closing", "write", "writelines", "get_write_buffer_size")
+    write = _CoreMethod("write")
+    writelines = _CoreMethod("writelines")
+    get_write_buffer_size = _CoreMethod("get_write_buffer_size")
 
     def __init__(self, loop, pipe, protocol, waiter=None, extra=None):
         # The flow control is the core's: skip _FlowControlMixin.__init__.
