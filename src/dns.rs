@@ -187,13 +187,30 @@ pub(crate) fn numeric_addrinfo<'py>(
     Ok(Some(PyList::new(py, items)?))
 }
 
-/// One `uv_getaddrinfo` request and the future it resolves.
+/// One libuv resolver request (`uv_getaddrinfo_t`, `uv_getnameinfo_t`) and
+/// the future it settles; the request comes first, so libuv's pointer to it
+/// is a pointer to the whole.
 #[repr(C)]
-struct GaiRequest {
-    req: sys::uv_getaddrinfo_t,
+struct Request<R> {
+    req: R,
     loop_state: *mut LoopState,
     future: Py<PyAny>,
 }
+
+impl<R> Request<R> {
+    /// A request for libuv to fill in, owned by the callback once started.
+    fn start(loop_state: *mut LoopState, future: Py<PyAny>) -> *mut Request<R> {
+        Box::into_raw(Box::new(Request {
+            // SAFETY: a plain C struct, initialised by the libuv call.
+            req: unsafe { MaybeUninit::zeroed().assume_init() },
+            loop_state,
+            future,
+        }))
+    }
+}
+
+type GaiRequest = Request<sys::uv_getaddrinfo_t>;
+type NameInfoRequest = Request<sys::uv_getnameinfo_t>;
 
 /// The name of the system EAI_* code for a libuv UV_EAI_* code.
 fn eai_name(code: i32) -> &'static str {
@@ -342,12 +359,7 @@ pub(crate) fn resolve(
     ai.ai_socktype = socktype;
     ai.ai_protocol = proto;
     ai.ai_flags = flags;
-    let req = Box::into_raw(Box::new(GaiRequest {
-        // SAFETY: initialised by uv_getaddrinfo.
-        req: unsafe { MaybeUninit::zeroed().assume_init() },
-        loop_state,
-        future,
-    }));
+    let req = GaiRequest::start(loop_state, future);
     // SAFETY: libuv copies node, service and hints before returning.
     let rc = unsafe {
         sys::uv_getaddrinfo(
@@ -364,14 +376,6 @@ pub(crate) fn resolve(
         return Err(uv_error(rc));
     }
     Ok(())
-}
-
-/// One `uv_getnameinfo` in flight and the future it completes.
-#[repr(C)]
-struct NameInfoRequest {
-    req: sys::uv_getnameinfo_t,
-    loop_state: *mut LoopState,
-    future: Py<PyAny>,
 }
 
 /// Completes `future` with (host, service) or a socket.gaierror, as
@@ -430,12 +434,7 @@ pub(crate) fn name_info(
             sa.sin6_scope_id = scope_id;
         }
     }
-    let req = Box::into_raw(Box::new(NameInfoRequest {
-        // SAFETY: initialised by uv_getnameinfo.
-        req: unsafe { MaybeUninit::zeroed().assume_init() },
-        loop_state,
-        future,
-    }));
+    let req = NameInfoRequest::start(loop_state, future);
     // SAFETY: libuv copies the address before returning.
     let rc = unsafe {
         sys::uv_getnameinfo(uv_loop, &mut (*req).req, Some(on_name_info), &storage as *const _ as *const sys::sockaddr, flags)
