@@ -227,6 +227,55 @@ def test_udp_endpoints_do_not_leak(loop):
     assert fd_count() <= fds
 
 
+def test_pipe_transports_do_not_leak(loop):
+    """Read and write pipe transports created, used (a full-buffer read, a
+    small one, flow control, EOF) and closed: no objects, memory or fds
+    left behind."""
+    import fcntl
+    import os
+
+    class Reader(asyncio.Protocol):
+        def __init__(self):
+            self.n = 0
+            self.lost = loop.create_future()
+
+        def data_received(self, data):
+            self.n += len(data)
+
+        def connection_lost(self, exc):
+            self.lost.set_result(exc)
+
+    class Writer(Reader):
+        def pause_writing(self):
+            pass
+
+        def resume_writing(self):
+            pass
+
+    async def exchange():
+        r, w = os.pipe()
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)  # room for full 256 KiB reads
+        rt, rp = await loop.connect_read_pipe(Reader, open(r, "rb", buffering=0))
+        wt, wp = await loop.connect_write_pipe(Writer, open(w, "wb", buffering=0))
+        wt.write(b"x" * (600 * 1024))
+        wt.write(b"tail")
+        wt.close()
+        await wp.lost
+        await rp.lost
+        assert rp.n == 600 * 1024 + 4
+
+    def workload():
+        for _ in range(20):
+            run(loop, exchange())
+
+    workload()  # the loop's own lazily made fds first
+    gc.collect()
+    fds = fd_count()
+    _assert_flat(*_measure(workload))
+    gc.collect()
+    assert fd_count() <= fds
+
+
 # -- whole loops ---------------------------------------------------------------
 
 def _use_loop(lp):
