@@ -19,13 +19,27 @@
 //! copy, as in asyncio. Putting the old mapping back is invisible to
 //! ContextVar's lookup cache, which is keyed on the thread's context version,
 //! bumped by every enter and exit.
+//!
+//! To compare the current context with the snapshot, the thread's current
+//! context is read where the thread state keeps it (its offset found at
+//! import by entering a fresh context and looking for it, then checked with
+//! a second one); copying it each time (`PyContext_CopyCurrent`, a GC object
+//! made and freed per call) is the fallback when the offset is not found or
+//! the thread has no context yet.
 
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use pyo3::ffi;
 
 static SHARING_SAFE: AtomicBool = AtomicBool::new(false);
+
+/// Offset of the current context in CPython's thread state, or 0 when
+/// unknown (the copy is used then).
+static TSTATE_CONTEXT_OFFSET: AtomicUsize = AtomicUsize::new(0);
+
+/// How far into the thread state to look for the context field.
+const TSTATE_SCAN_BYTES: usize = 1024;
 
 /// Offset of `ctx_vars` in CPython's context object.
 const VARS_OFFSET: usize = std::mem::size_of::<ffi::PyObject>() + std::mem::size_of::<*mut ffi::PyObject>();
@@ -62,6 +76,67 @@ pub(crate) fn check_layout() {
         ok
     };
     SHARING_SAFE.store(ok, Ordering::Relaxed);
+    TSTATE_CONTEXT_OFFSET.store(if ok { find_tstate_context_offset() } else { 0 }, Ordering::Relaxed);
+}
+
+/// The offset of the current context pointer in the thread state: the one
+/// pointer-aligned slot that holds a freshly entered context, holds a
+/// second one once that is entered instead, and is back to its old value
+/// after both exits. 0 if there is no such single slot.
+fn find_tstate_context_offset() -> usize {
+    // SAFETY: the thread state is a live struct larger than the scanned
+    // range on every supported version (several KiB of fields and frames);
+    // only reads are made, between our own enter/exit calls.
+    unsafe {
+        let tstate = ffi::PyThreadState_Get() as *const u8;
+        let slot = |off: usize| *(tstate.add(off) as *const *mut ffi::PyObject);
+        let a = ffi::PyContext_New();
+        let b = ffi::PyContext_New();
+        let mut found = 0;
+        if !a.is_null() && !b.is_null() && ffi::PyContext_Enter(a) == 0 {
+            let step = std::mem::size_of::<*mut ffi::PyObject>();
+            let candidates: Vec<usize> = (step..TSTATE_SCAN_BYTES).step_by(step).filter(|&off| slot(off) == a).collect();
+            let mut confirmed = Vec::new();
+            if ffi::PyContext_Exit(a) == 0 && ffi::PyContext_Enter(b) == 0 {
+                confirmed = candidates.into_iter().filter(|&off| slot(off) == b).collect();
+                if ffi::PyContext_Exit(b) != 0 {
+                    confirmed.clear();
+                }
+            }
+            if confirmed.len() == 1 && slot(confirmed[0]) != b {
+                found = confirmed[0];
+            }
+        }
+        ffi::PyErr_Clear();
+        ffi::Py_XDECREF(a);
+        ffi::Py_XDECREF(b);
+        found
+    }
+}
+
+/// "read" (the current context is read in place), "copy" (copied to compare
+/// it with the snapshot) or "off" (every callback gets its own copy).
+pub(crate) fn sharing_mode() -> &'static str {
+    if !SHARING_SAFE.load(Ordering::Relaxed) {
+        "off"
+    } else if TSTATE_CONTEXT_OFFSET.load(Ordering::Relaxed) != 0 {
+        "read"
+    } else {
+        "copy"
+    }
+}
+
+/// The thread's current context (borrowed), or null when unknown or none.
+///
+/// # Safety
+/// GIL held.
+#[inline]
+unsafe fn current_context() -> *mut ffi::PyObject {
+    let off = TSTATE_CONTEXT_OFFSET.load(Ordering::Relaxed);
+    if off == 0 {
+        return ptr::null_mut();
+    }
+    unsafe { *((ffi::PyThreadState_Get() as *const u8).add(off) as *const *mut ffi::PyObject) }
 }
 
 /// One loop's current snapshot.
@@ -95,6 +170,16 @@ impl ContextCache {
     #[inline]
     pub(crate) unsafe fn capture(&mut self) -> Snapshot {
         unsafe {
+            let snap = self.snapshot;
+            if !snap.is_null() && snap != self.running {
+                let current = current_context();
+                if !current.is_null() && vars_of(current) == vars_of(snap) {
+                    // The current context has the snapshot's variables:
+                    // share the snapshot without copying the context.
+                    ffi::Py_INCREF(snap);
+                    return Snapshot { context: snap, shared: true, replaced: ptr::null_mut() };
+                }
+            }
             let copy = ffi::PyContext_CopyCurrent();
             if copy.is_null() || !SHARING_SAFE.load(Ordering::Relaxed) {
                 return Snapshot { context: copy, shared: false, replaced: ptr::null_mut() };

@@ -29,6 +29,9 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transport::tcp::tcp_names, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("BUILD_PROFILE", if cfg!(debug_assertions) { "debug" } else { "release" })?;
+    // How callbacks' default contexts are taken (see context.rs), for tests
+    // and benchmark provenance.
+    m.add("CONTEXT_SHARING", context::sharing_mode())?;
     Ok(())
 }
 

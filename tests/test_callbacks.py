@@ -2,6 +2,8 @@
 
 import asyncio
 import contextvars
+import sys
+import threading
 import functools
 import logging
 
@@ -601,3 +603,63 @@ def test_context_set_in_callback_is_seen_by_callbacks_it_schedules(loop):
     assert ("sibling", "unset") in seen
     assert ("sibling2", "unset") in seen
     assert var.get() == "unset"
+
+
+def test_default_context_follows_the_current_context_across_switches(loop):
+    """Callbacks scheduled without context= run in a copy of the context
+    current at scheduling time, however often that switches: between the
+    thread's own context, contexts entered with Context.run, and other
+    threads' contexts."""
+    var = contextvars.ContextVar("var", default="unset")
+    seen = []
+
+    def record(label):
+        seen.append((label, var.get()))
+
+    token = var.set("main")
+    try:
+        ctx_a = contextvars.copy_context()
+        ctx_a.run(var.set, "a")
+        ctx_b = contextvars.Context()
+        order = []
+
+        def schedule(label, where):
+            order.append((label, where))
+            if where == "main":
+                loop.call_soon(record, label)
+            elif where == "a":
+                ctx_a.run(loop.call_soon, record, label)
+            elif where == "b":
+                ctx_b.run(loop.call_soon, record, label)
+            else:
+                def in_thread():
+                    var.set("thread")
+                    loop.call_soon_threadsafe(record, label)
+                t = threading.Thread(target=in_thread)
+                t.start()
+                t.join()
+
+        plan = ["main", "a", "main", "a", "a", "b", "thread", "main", "thread", "b", "main"]
+        for i, where in enumerate(plan):
+            schedule(i, where)
+        var.set("main-changed")
+        schedule(len(plan), "main")
+        loop.call_soon(loop.stop)
+        run_forever(loop)
+    finally:
+        var.reset(token)
+    expected_value = {"main": "main", "a": "a", "b": "unset", "thread": "thread"}
+    expected = [(i, expected_value[w]) for i, w in enumerate(plan)] + [(len(plan), "main-changed")]
+    assert seen == expected
+
+
+def test_context_sharing_reads_the_current_context_in_place():
+    """On the CPython versions it was verified on, the current context is
+    read where the thread state keeps it (no copy per call_soon); anywhere
+    else zuvrs may fall back to copying, which is slower but equivalent."""
+    import zuvrs._zuvrs as native
+
+    assert native.CONTEXT_SHARING in ("read", "copy", "off")
+    gil_enabled = getattr(sys, "_is_gil_enabled", lambda: True)()
+    if (3, 10) <= sys.version_info[:2] <= (3, 13) and gil_enabled:
+        assert native.CONTEXT_SHARING == "read"
