@@ -59,7 +59,8 @@ _CALL_FOR_INFO = ("build_info", "_build_info", "get_build_info",
 def _build_info(mod) -> dict:
     """Whatever build/commit information a module exposes (tolerates none):
     attributes named like *build*, *profile*, *debug*, *commit*, *git*,
-    *version*, *features* of the package and its extension submodules."""
+    *version*, *features*, *sharing* of the package and its extension
+    submodules."""
     info = {}
     seen = set()
     mods = [mod]
@@ -72,7 +73,7 @@ def _build_info(mod) -> dict:
         for attr in dir(m):
             low = attr.lower()
             if not any(k in low for k in ("build", "profile", "debug", "commit",
-                                          "git", "version", "features")):
+                                          "git", "version", "features", "sharing")):
                 continue
             try:
                 v = getattr(m, attr)
