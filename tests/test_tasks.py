@@ -657,3 +657,58 @@ def test_debug_tracks_coroutine_origin(loop):
 
     assert run(loop, main()) > 0
     assert sys.get_coroutine_origin_tracking_depth() == 0
+
+
+def _slow_io_warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "asyncio" and r.levelno == logging.WARNING
+            and re.match(r"Executing <Handle .*_read_ready.* took \d+\.\d{3} seconds", r.getMessage(), re.S)]
+
+
+@pytest.mark.parametrize("kind", ["tcp", "pipe", "udp"])
+def test_slow_protocol_callback_warning_in_debug(loop, caplog, kind):
+    """A protocol callback run by a transport's reading (data_received,
+    datagram_received) that takes too long is reported in debug mode, as
+    asyncio reports its transport's slow _read_ready."""
+    import os
+    import socket
+
+    loop.set_debug(True)
+    loop.slow_callback_duration = 0.02
+
+    class Slow(asyncio.Protocol):
+        def __init__(self):
+            self.got = loop.create_future()
+
+        def data_received(self, data):
+            time.sleep(0.05)
+            if not self.got.done():
+                self.got.set_result(data)
+
+        def datagram_received(self, data, addr):
+            self.data_received(data)
+
+    async def main():
+        if kind == "tcp":
+            a, b = socket.socketpair()
+            t, p = await loop.create_connection(Slow, sock=a)
+            b.send(b"x")
+        elif kind == "pipe":
+            r, w = os.pipe()
+            t, p = await loop.connect_read_pipe(Slow, open(r, "rb", buffering=0))
+            os.write(w, b"x")
+        else:
+            t, p = await loop.create_datagram_endpoint(Slow, local_addr=("127.0.0.1", 0))
+            b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            b.sendto(b"x", t.get_extra_info("sockname"))
+        assert await asyncio.wait_for(p.got, 5) == b"x"
+        t.close()
+        if kind == "pipe":
+            os.close(w)
+        else:
+            b.close()
+        await asyncio.sleep(0)
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        run(loop, main())
+    assert len(_slow_io_warnings(caplog)) == 1, [r.getMessage() for r in caplog.records]

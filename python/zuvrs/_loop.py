@@ -157,6 +157,11 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         what = repr(owner) if isinstance(owner, asyncio.Task) else str(handle)
         logger.warning("Executing %s took %.3f seconds", what, seconds)
 
+    def _warn_slow_io(self, transport, seconds):
+        # A protocol callback run from a native transport's I/O took too
+        # long (debug mode): asyncio would report its _read_ready handle.
+        logger.warning("Executing <Handle %s._read_ready()> took %.3f seconds", type(transport).__name__, seconds)
+
     # -- file descriptor watching ---------------------------------------------
 
     def add_reader(self, fd, callback, *args):

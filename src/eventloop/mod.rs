@@ -39,6 +39,26 @@ use timers::TimerHeap;
 
 pub(crate) use fastcall::install_fast_methods;
 
+/// Debug mode's slow-callback warning for protocol callbacks that libuv's
+/// I/O callbacks run directly (they have no Handle to time): when the
+/// callback that began at `started` took at least slow_callback_duration,
+/// `loop._warn_slow_io(transport, seconds)` logs it as asyncio logs a slow
+/// `_read_ready`.
+pub(crate) fn warn_if_slow_io(py: Python<'_>, loop_obj: &Py<PyAny>, transport: &Py<PyAny>, started: f64) {
+    let seconds = monotonic() - started;
+    let warned = (|| -> PyResult<()> {
+        let lp = loop_obj.bind(py);
+        let limit: f64 = lp.getattr(pyo3::intern!(py, "slow_callback_duration"))?.extract()?;
+        if seconds >= limit && !transport.is_none(py) {
+            lp.call_method1(pyo3::intern!(py, "_warn_slow_io"), (transport, seconds))?;
+        }
+        Ok(())
+    })();
+    if let Err(err) = warned {
+        err.write_unraisable(py, None);
+    }
+}
+
 /// Seconds on the monotonic clock, the clock of `time.monotonic()` and of
 /// libuv's `uv_now`.
 #[inline]
@@ -140,6 +160,17 @@ impl LoopState {
         }
         if let Some(parts) = &self.uv {
             unsafe { sys::uv_stop(parts.uv.raw()) };
+        }
+    }
+
+    /// The time an I/O callback begins, in debug mode only (for
+    /// `warn_if_slow_io`).
+    #[inline]
+    pub(crate) fn debug_clock(&self) -> Option<f64> {
+        if self.debug {
+            Some(monotonic())
+        } else {
+            None
         }
     }
 

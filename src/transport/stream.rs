@@ -806,8 +806,17 @@ unsafe extern "C" fn on_read(stream: *mut sys::uv_stream_t, nread: isize, _buf: 
         let ls = core.loop_state();
         ls.gil.reacquire();
         ls.io_seen = true;
+        let started = ls.debug_clock();
         let py = Python::assume_attached();
         core.on_read(py, nread);
+        if let Some(started) = started {
+            // (References cloned: no state borrow across Python code.)
+            let (loop_obj, transport) = {
+                let st = core.st();
+                (st.loop_obj.clone_ref(py), st.wrapper.clone_ref(py))
+            };
+            crate::eventloop::warn_if_slow_io(py, &loop_obj, &transport, started);
+        }
     }
 }
 

@@ -653,7 +653,16 @@ unsafe extern "C" fn on_poll(handle: *mut sys::uv_poll_t, status: i32, events: i
         let error = status < 0;
         let readable = error || events & sys::uv_poll_event_UV_READABLE as i32 != 0;
         let writable = error || events & sys::uv_poll_event_UV_WRITABLE as i32 != 0;
+        let started = ls.debug_clock();
         core.on_ready(py, readable, writable, error);
+        if let Some(started) = started {
+            // (References cloned: no state borrow across Python code.)
+            let (loop_obj, transport) = {
+                let st = core.st();
+                (st.loop_obj.clone_ref(py), st.wrapper.clone_ref(py))
+            };
+            crate::eventloop::warn_if_slow_io(py, &loop_obj, &transport, started);
+        }
     }
 }
 
