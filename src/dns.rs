@@ -207,6 +207,39 @@ impl<R> Request<R> {
             future,
         }))
     }
+
+    /// Takes back a request libuv has completed (`req`, as its callback got
+    /// it) and settles the future: a socket.gaierror for a failed `status`,
+    /// else what `result` builds; nothing if the future was cancelled
+    /// meanwhile. What goes wrong is handled as any error raised in a libuv
+    /// callback.
+    ///
+    /// # Safety
+    /// `req` came from `Request::<R>::start` and libuv is done with it.
+    unsafe fn finish(req: *mut R, status: i32, result: impl FnOnce(Python<'_>) -> PyResult<Bound<'_, PyAny>>) {
+        unsafe {
+            let r = Box::from_raw(req as *mut Request<R>);
+            (*r.loop_state).gil.reacquire();
+            let py = Python::assume_attached();
+            let future = r.future.bind(py);
+            let outcome = future.call_method0("cancelled").and_then(|c| c.is_truthy()).and_then(|cancelled| {
+                if cancelled {
+                    Ok(())
+                } else if status < 0 {
+                    future.call_method1("set_exception", (gaierror(py, status)?.into_value(py),)).map(drop)
+                } else {
+                    future.call_method1("set_result", (result(py)?,)).map(drop)
+                }
+            });
+            if let Err(err) = outcome {
+                if err.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) || err.is_instance_of::<pyo3::exceptions::PySystemExit>(py) {
+                    (*r.loop_state).raise_later(err);
+                } else {
+                    err.write_unraisable(py, None);
+                }
+            }
+        }
+    }
 }
 
 type GaiRequest = Request<sys::uv_getaddrinfo_t>;
@@ -300,37 +333,9 @@ unsafe fn addrinfo_list<'py>(py: Python<'py>, mut ai: *const libc::addrinfo) -> 
     Ok(out)
 }
 
-/// Settles a request's future with `settle` (skipped if the future was
-/// cancelled meanwhile); what goes wrong is handled as any error raised in
-/// a libuv callback.
-///
-/// # Safety
-/// GIL held; `loop_state` is the live loop's.
-unsafe fn settle_request(py: Python<'_>, loop_state: *mut LoopState, future: &Bound<'_, PyAny>, settle: impl FnOnce() -> PyResult<()>) {
-    let outcome = future.call_method0("cancelled").and_then(|c| c.is_truthy()).and_then(|cancelled| if cancelled { Ok(()) } else { settle() });
-    if let Err(err) = outcome {
-        if err.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) || err.is_instance_of::<pyo3::exceptions::PySystemExit>(py) {
-            unsafe { (*loop_state).raise_later(err) };
-        } else {
-            err.write_unraisable(py, None);
-        }
-    }
-}
-
 unsafe extern "C" fn on_resolved(req: *mut sys::uv_getaddrinfo_t, status: i32, res: *mut sys::addrinfo) {
     unsafe {
-        let r = Box::from_raw(req as *mut GaiRequest);
-        (*r.loop_state).gil.reacquire();
-        let py = Python::assume_attached();
-        let future = r.future.bind(py);
-        settle_request(py, r.loop_state, future, || {
-            if status < 0 {
-                future.call_method1("set_exception", (gaierror(py, status)?.into_value(py),))?;
-            } else {
-                future.call_method1("set_result", (addrinfo_list(py, res as *const libc::addrinfo)?,))?;
-            }
-            Ok(())
-        });
+        GaiRequest::finish(req, status, |py| Ok(addrinfo_list(py, res as *const libc::addrinfo)?.into_any()));
         if !res.is_null() {
             sys::uv_freeaddrinfo(res);
         }
@@ -382,18 +387,9 @@ pub(crate) fn resolve(
 /// socket.getnameinfo would return or raise.
 unsafe extern "C" fn on_name_info(req: *mut sys::uv_getnameinfo_t, status: i32, host: *const libc::c_char, service: *const libc::c_char) {
     unsafe {
-        let r = Box::from_raw(req as *mut NameInfoRequest);
-        (*r.loop_state).gil.reacquire();
-        let py = Python::assume_attached();
-        let future = r.future.bind(py);
-        settle_request(py, r.loop_state, future, || {
-            if status < 0 {
-                future.call_method1("set_exception", (gaierror(py, status)?.into_value(py),))?;
-            } else {
-                let text = |p: *const libc::c_char| CStr::from_ptr(p).to_string_lossy().into_owned();
-                future.call_method1("set_result", ((text(host), text(service)),))?;
-            }
-            Ok(())
+        NameInfoRequest::finish(req, status, |py| {
+            let text = |p: *const libc::c_char| CStr::from_ptr(p).to_string_lossy().into_owned();
+            Ok((text(host), text(service)).into_pyobject(py)?.into_any())
         });
     }
 }

@@ -15,36 +15,36 @@ grouped once asyncio has given up.
 import contextvars
 import sys
 
-__all__ = ("AllErrorsMixin", "collecting_attempts")
+__all__ = ("EMULATED", "AllErrorsMixin", "create_connection_all_errors")
+
+#: Whether zuvrs provides all_errors itself (asyncio's create_connection
+#: lacks it).
+EMULATED = (3, 11) <= sys.version_info < (3, 12)
 
 _attempts = contextvars.ContextVar("zuvrs_connect_attempts", default=None)
 
 
-def collecting_attempts():
-    """Whether a create_connection(all_errors=True) in progress needs every
-    attempt made through _connect_sock (zuvrs's native fast path for
-    address literals does not, so it steps aside)."""
-    return _attempts.get() is not None
+async def create_connection_all_errors(base_create_connection, protocol_factory, host, port, *,
+                                       all_errors, **kwargs):
+    """asyncio's `base_create_connection(...)` with all_errors (3.11)."""
+    if not all_errors:
+        return await base_create_connection(protocol_factory, host, port, **kwargs)
+    attempts = []
+    token = _attempts.set(attempts)
+    try:
+        return await base_create_connection(protocol_factory, host, port, **kwargs)
+    except OSError as exc:
+        # attempts: asyncio's lists (one per call) of per-address error lists
+        errors = [e for lists in attempts for per_address in lists for e in per_address]
+        if _is_final_connect_error(exc, errors):
+            raise ExceptionGroup("create_connection failed", errors) from None  # noqa: F821 (3.11)
+        raise
+    finally:
+        _attempts.reset(token)
 
 
 class AllErrorsMixin:
-    if (3, 11) <= sys.version_info < (3, 12):
-
-        async def create_connection(self, protocol_factory, host=None, port=None, *, all_errors=False, **kwargs):
-            if not all_errors:
-                return await super().create_connection(protocol_factory, host, port, **kwargs)
-            attempts = []
-            token = _attempts.set(attempts)
-            try:
-                return await super().create_connection(protocol_factory, host, port, **kwargs)
-            except OSError as exc:
-                # attempts: asyncio's lists (one per call) of per-address error lists
-                errors = [e for lists in attempts for per_address in lists for e in per_address]
-                if _is_final_connect_error(exc, errors):
-                    raise ExceptionGroup("create_connection failed", errors) from None  # noqa: F821 (3.11)
-                raise
-            finally:
-                _attempts.reset(token)
+    if EMULATED:
 
         async def _connect_sock(self, exceptions, addr_info, local_addr_infos=None):
             attempts = _attempts.get()

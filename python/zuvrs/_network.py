@@ -16,8 +16,7 @@ import stat
 from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock
 from asyncio.log import logger
 
-from . import _zuvrs
-from ._all_errors import collecting_attempts
+from . import _all_errors, _zuvrs
 from ._datagram import make_datagram_transport
 from ._pipes import make_read_pipe_transport, make_write_pipe_transport
 from ._process import SubprocessTransport
@@ -170,8 +169,10 @@ class NetworkMixin:
         """asyncio's create_connection; a plain TCP connection to an address
         literal (no other option, not in debug mode) is made natively, with
         the same steps, results and errors as asyncio's for that case."""
-        if (kwargs or type(host) is not str or type(port) is not int or not 0 <= port <= 0xFFFF
-                or self._debug or collecting_attempts()):
+        if kwargs or type(host) is not str or type(port) is not int or not 0 <= port <= 0xFFFF or self._debug:
+            if _all_errors.EMULATED and "all_errors" in kwargs:
+                return await _all_errors.create_connection_all_errors(
+                    super().create_connection, protocol_factory, host, port, **kwargs)
             return await super().create_connection(protocol_factory, host, port, **kwargs)
         started = _tcp_connect(self, host, port)
         if started is None:
@@ -550,38 +551,27 @@ class NetworkMixin:
         fut.add_done_callback(cleanup)
         return fut
 
-    async def sock_recv(self, sock, n):
+    async def _sock_call(self, sock, write, attempt):
+        """`attempt()` now, and again each time `sock` is ready until it no
+        longer raises BlockingIOError / InterruptedError."""
         _check_socket(self, sock)
         try:
-            return sock.recv(n)
+            return attempt()
         except (BlockingIOError, InterruptedError):
             pass
-        return await self._wait_fd(sock.fileno(), False, lambda: sock.recv(n))
+        return await self._wait_fd(sock.fileno(), write, attempt)
+
+    async def sock_recv(self, sock, n):
+        return await self._sock_call(sock, False, lambda: sock.recv(n))
 
     async def sock_recv_into(self, sock, buf):
-        _check_socket(self, sock)
-        try:
-            return sock.recv_into(buf)
-        except (BlockingIOError, InterruptedError):
-            pass
-        return await self._wait_fd(sock.fileno(), False, lambda: sock.recv_into(buf))
+        return await self._sock_call(sock, False, lambda: sock.recv_into(buf))
 
     async def sock_recvfrom(self, sock, bufsize):
-        _check_socket(self, sock)
-        try:
-            return sock.recvfrom(bufsize)
-        except (BlockingIOError, InterruptedError):
-            pass
-        return await self._wait_fd(sock.fileno(), False, lambda: sock.recvfrom(bufsize))
+        return await self._sock_call(sock, False, lambda: sock.recvfrom(bufsize))
 
     async def sock_recvfrom_into(self, sock, buf, nbytes=0):
-        _check_socket(self, sock)
-        nbytes = nbytes or len(buf)
-        try:
-            return sock.recvfrom_into(buf, nbytes)
-        except (BlockingIOError, InterruptedError):
-            pass
-        return await self._wait_fd(sock.fileno(), False, lambda: sock.recvfrom_into(buf, nbytes))
+        return await self._sock_call(sock, False, lambda: sock.recvfrom_into(buf, nbytes or len(buf)))
 
     async def sock_sendall(self, sock, data):
         _check_socket(self, sock)
@@ -605,12 +595,7 @@ class NetworkMixin:
         await self._wait_fd(sock.fileno(), True, attempt)
 
     async def sock_sendto(self, sock, data, address):
-        _check_socket(self, sock)
-        try:
-            return sock.sendto(data, address)
-        except (BlockingIOError, InterruptedError):
-            pass
-        return await self._wait_fd(sock.fileno(), True, lambda: sock.sendto(data, address))
+        return await self._sock_call(sock, True, lambda: sock.sendto(data, address))
 
     async def sock_connect(self, sock, address):
         _check_socket(self, sock)
@@ -633,15 +618,9 @@ class NetworkMixin:
         await self._wait_fd(sock.fileno(), True, check_connected)
 
     async def sock_accept(self, sock):
-        _check_socket(self, sock)
-
         def attempt():
             conn, address = sock.accept()
             conn.setblocking(False)
             return conn, address
 
-        try:
-            return attempt()
-        except (BlockingIOError, InterruptedError):
-            pass
-        return await self._wait_fd(sock.fileno(), False, attempt)
+        return await self._sock_call(sock, False, attempt)

@@ -26,26 +26,28 @@ __all__ = ("make_read_pipe_transport", "make_write_pipe_transport")
 _NATIVE_READ_SIZE = 256 * 1024  # what read_fd reads at most
 
 
-def _pipe_mode(fileno):
-    return os.fstat(fileno).st_mode
+def _transport_class(pipe, native, char_device, refusal):
+    """The transport class for `pipe`'s file type; asyncio's ValueError
+    (`refusal`) for anything but a pipe, FIFO, socket or character device."""
+    mode = os.fstat(pipe.fileno()).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return native
+    if stat.S_ISCHR(mode):
+        return char_device
+    raise ValueError(refusal)
 
 
 def make_read_pipe_transport(loop, pipe, protocol, waiter=None, extra=None):
-    mode = _pipe_mode(pipe.fileno())
-    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-        return ReadPipeTransport(loop, pipe, protocol, waiter, extra)
-    if stat.S_ISCHR(mode):
-        return FdReadPipeTransport(loop, pipe, protocol, waiter, extra)
-    raise ValueError("Pipe transport is for pipes/sockets only.")
+    cls = _transport_class(pipe, ReadPipeTransport, FdReadPipeTransport, "Pipe transport is for pipes/sockets only.")
+    return cls(loop, pipe, protocol, waiter, extra)
 
 
 def make_write_pipe_transport(loop, pipe, protocol, waiter=None, extra=None):
-    mode = _pipe_mode(pipe.fileno())
-    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-        return WritePipeTransport(loop, pipe, protocol, waiter, extra)
-    if stat.S_ISCHR(mode):
-        return FdWritePipeTransport(loop, pipe, protocol, waiter, extra)
-    raise ValueError("Pipe transport is only for pipes, sockets and character devices")
+    cls = _transport_class(
+        pipe, WritePipeTransport, FdWritePipeTransport,
+        "Pipe transport is only for pipes, sockets and character devices",
+    )
+    return cls(loop, pipe, protocol, waiter, extra)
 
 
 class _StreamPipeTransport:
@@ -57,18 +59,19 @@ class _StreamPipeTransport:
     close = _CoreMethod("close")
     is_closing = _CoreMethod("is_closing")
 
-    def _open(self, loop, pipe, protocol, extra):
+    def _open(self, loop, pipe, protocol):
         self._extra["pipe"] = pipe
         self._loop = loop
         self._pipe = pipe
         self._fileno = pipe.fileno()
+        # (uv_pipe_open makes the duplicate non-blocking, and with it the
+        # pipe: they share the open file, as asyncio leaves the pipe.)
         fd = os.dup(self._fileno)
         try:
             self._core = _zuvrs.StreamCore.open(loop, fd, self, pipe=True)
         except BaseException:
             os.close(fd)
             raise
-        os.set_blocking(self._fileno, False)  # as asyncio leaves the pipe
         # asyncio's pipe transports call data_received, even for a
         # BufferedProtocol.
         self._core.set_protocol(protocol, False)
@@ -130,7 +133,7 @@ class ReadPipeTransport(_StreamPipeTransport, transports.ReadTransport):
 
     def __init__(self, loop, pipe, protocol, waiter=None, extra=None):
         super().__init__(extra)
-        self._open(loop, pipe, protocol, extra)
+        self._open(loop, pipe, protocol)
         loop.call_soon(protocol.connection_made, self)
         # Reading starts only once connection_made() has run.
         loop.call_soon(self._core.start_reading)
@@ -150,7 +153,7 @@ class WritePipeTransport(_StreamPipeTransport, transports._FlowControlMixin, tra
     def __init__(self, loop, pipe, protocol, waiter=None, extra=None):
         # The flow control is the core's: skip _FlowControlMixin.__init__.
         transports.BaseTransport.__init__(self, extra)
-        self._open(loop, pipe, protocol, extra)
+        self._open(loop, pipe, protocol)
         loop.call_soon(protocol.connection_made, self)
         # The write end turns readable (EOF or error) when the reader goes
         # away: that is how a closed peer is noticed with nothing to write.
@@ -202,6 +205,9 @@ class WritePipeTransport(_StreamPipeTransport, transports._FlowControlMixin, tra
 
 
 # -- character devices: Python transports over the loop's fd watchers -----------------
+# (make_*_pipe_transport checked the file type. A character device has no
+# reader that can go away, so the write side watches nothing but its
+# writability, as asyncio's does for it.)
 
 
 class FdReadPipeTransport(FdReadingMixin, transports.ReadTransport):
@@ -216,10 +222,6 @@ class FdReadPipeTransport(FdReadingMixin, transports.ReadTransport):
         self._protocol = protocol
         self._closing = False
         self._paused = False
-        mode = _pipe_mode(self._fileno)
-        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)):
-            self._pipe = self._fileno = self._fd = self._protocol = None
-            raise ValueError("Pipe transport is for pipes/sockets only.")
         os.set_blocking(self._fileno, False)
         loop.call_soon(protocol.connection_made, self)
         loop.call_soon(self._start_reading)
@@ -285,17 +287,8 @@ class FdWritePipeTransport(FdTransportMixin, transports._FlowControlMixin, trans
         self._buffer = bytearray()
         self._conn_lost = 0
         self._closing = False  # close() or write_eof() called
-        mode = _pipe_mode(self._fileno)
-        is_socket = stat.S_ISSOCK(mode)
-        if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or is_socket):
-            self._pipe = self._fileno = self._fd = self._protocol = None
-            raise ValueError("Pipe transport is only for pipes, sockets and character devices")
         os.set_blocking(self._fileno, False)
         loop.call_soon(protocol.connection_made, self)
-        if is_socket or stat.S_ISFIFO(mode):
-            # The write end turns readable (EOF or error) when the reader
-            # goes away: that is how a closed peer is noticed.
-            loop.call_soon(loop._set_fd_handler, self._fileno, False, self._read_ready, ())
         if waiter is not None:
             loop.call_soon(futures._set_result_unless_cancelled, waiter, None)
 
@@ -305,10 +298,6 @@ class FdWritePipeTransport(FdTransportMixin, transports._FlowControlMixin, trans
 
     def get_write_buffer_size(self):
         return len(self._buffer)
-
-    def _read_ready(self):
-        # The reading end was closed.
-        self._close(BrokenPipeError() if self._buffer else None)
 
     def write(self, data):
         if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -359,7 +348,6 @@ class FdWritePipeTransport(FdTransportMixin, transports._FlowControlMixin, trans
             self._unwatch_writable()
             self._maybe_resume_protocol()  # may write more
             if self._closing and not self._buffer:
-                self._unwatch_readable()
                 self._call_connection_lost(None)
             return
         if n > 0:
@@ -373,7 +361,6 @@ class FdWritePipeTransport(FdTransportMixin, transports._FlowControlMixin, trans
             return
         self._closing = True
         if not self._buffer:
-            self._unwatch_readable()
             self._loop.call_soon(self._call_connection_lost, None)
 
     def close(self):
@@ -392,7 +379,6 @@ class FdWritePipeTransport(FdTransportMixin, transports._FlowControlMixin, trans
         self._closing = True
         self._unwatch_writable()
         self._buffer.clear()
-        self._unwatch_readable()
         self._loop.call_soon(self._call_connection_lost, exc)
 
     def _call_connection_lost(self, exc):
