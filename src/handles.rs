@@ -9,8 +9,10 @@
 //! again (`release_handle`) and reports its context itself.
 
 use std::cell::{Cell, UnsafeCell};
+use std::collections::HashMap;
 use std::ptr::{self, NonNull};
 use std::rc::Rc;
+use std::sync::{Mutex, OnceLock};
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
@@ -21,15 +23,64 @@ use smallvec::SmallVec;
 
 use crate::context;
 
-/// Positional arguments of a callback; up to three stay inline, which keeps a
-/// handle in CPython's 96-byte allocation class.
-pub(crate) type ArgVec = SmallVec<[*mut ffi::PyObject; 3]>;
+/// Positional arguments of a callback in one word, so that a handle fits
+/// CPython's 64-byte allocation class (one cache line, which matters when a
+/// handle made by one thread is run by another): no argument, the single
+/// argument inline (the common cases: task steps and future callbacks), or
+/// a tagged pointer to a heap list for two or more.
+pub(crate) struct Args(usize);
+
+/// Two or more arguments.
+type ArgList = SmallVec<[*mut ffi::PyObject; 4]>;
+
+/// Set on `Args` words that point at an `ArgList` (object and box pointers are
+/// at least 8-byte aligned, so bit 0 is free).
+const HEAP_ARGS: usize = 1;
+
+impl Args {
+    /// Borrows (does not take) the `nargs` pointers at `args`.
+    #[inline(always)]
+    unsafe fn from_raw(args: *const *mut ffi::PyObject, nargs: usize) -> Args {
+        unsafe {
+            match nargs {
+                0 => Args(0),
+                1 => Args(*args as usize),
+                _ => {
+                    let list: Box<ArgList> = Box::new(std::slice::from_raw_parts(args, nargs).iter().copied().collect());
+                    Args(Box::into_raw(list) as usize | HEAP_ARGS)
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn as_slice(&self) -> &[*mut ffi::PyObject] {
+        if self.0 == 0 {
+            &[]
+        } else if self.0 & HEAP_ARGS == 0 {
+            // SAFETY: the word is the one argument's pointer.
+            std::slice::from_ref(unsafe { &*(&self.0 as *const usize as *const *mut ffi::PyObject) })
+        } else {
+            // SAFETY: a tagged pointer from Box::into_raw, owned by self.
+            unsafe { (*((self.0 & !HEAP_ARGS) as *const ArgList)).as_slice() }
+        }
+    }
+}
+
+impl Drop for Args {
+    fn drop(&mut self) {
+        if self.0 & HEAP_ARGS != 0 {
+            // SAFETY: made by Box::into_raw in from_raw; dropped once.
+            drop(unsafe { Box::from_raw((self.0 & !HEAP_ARGS) as *mut ArgList) });
+        }
+    }
+}
 
 /// The owned references of a pending call: the function and its arguments.
 /// Dropped only with the GIL held (handles live and die under the GIL).
 pub(crate) struct Callback {
     func: NonNull<ffi::PyObject>,
-    args: ArgVec,
+    args: Args,
 }
 
 // SAFETY: the references are only touched while holding the GIL.
@@ -43,27 +94,25 @@ impl Callback {
     #[inline(always)]
     pub(crate) unsafe fn new(func: *mut ffi::PyObject, args: *const *mut ffi::PyObject, nargs: usize) -> Callback {
         unsafe {
-            let mut v = ArgVec::with_capacity(nargs);
             for i in 0..nargs {
-                let a = *args.add(i);
-                ffi::Py_INCREF(a);
-                v.push(a);
+                ffi::Py_INCREF(*args.add(i));
             }
             ffi::Py_INCREF(func);
-            Callback { func: NonNull::new_unchecked(func), args: v }
+            Callback { func: NonNull::new_unchecked(func), args: Args::from_raw(args, nargs) }
         }
     }
 
     /// A second owner of the same references (for handles that run many times).
     #[inline]
     fn clone_refs(&self) -> Callback {
+        let args = self.args.as_slice();
         unsafe {
             ffi::Py_INCREF(self.func.as_ptr());
-            for &a in &self.args {
+            for &a in args {
                 ffi::Py_INCREF(a);
             }
+            Callback { func: self.func, args: Args::from_raw(args.as_ptr(), args.len()) }
         }
-        Callback { func: self.func, args: self.args.clone() }
     }
 
     #[inline]
@@ -73,7 +122,7 @@ impl Callback {
 
     /// The positional arguments as a new tuple (for repr and error reports).
     pub(crate) fn args_tuple<'py>(&self, py: Python<'py>) -> Bound<'py, PyTuple> {
-        let items = self.args.iter().map(|&a| unsafe { Bound::from_borrowed_ptr(py, a) });
+        let items = self.args.as_slice().iter().map(|&a| unsafe { Bound::from_borrowed_ptr(py, a) });
         PyTuple::new(py, items).expect("tuple of borrowed objects")
     }
 
@@ -88,7 +137,8 @@ impl Callback {
             if ffi::PyContext_Enter(ctx) < 0 {
                 return false;
             }
-            let res = ffi::PyObject_Vectorcall(self.func.as_ptr(), self.args.as_ptr(), self.args.len(), ptr::null_mut());
+            let args = self.args.as_slice();
+            let res = ffi::PyObject_Vectorcall(self.func.as_ptr(), args.as_ptr(), args.len(), ptr::null_mut());
             let exited = ffi::PyContext_Exit(ctx) == 0;
             if res.is_null() {
                 return false;
@@ -100,7 +150,7 @@ impl Callback {
 
     fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(as_py(&self.func.as_ptr()))?;
-        for a in &self.args {
+        for a in self.args.as_slice() {
             visit.call(as_py(a))?;
         }
         Ok(())
@@ -112,7 +162,7 @@ impl Drop for Callback {
         // SAFETY: callbacks are dropped with the GIL held (see type docs).
         unsafe {
             ffi::Py_DECREF(self.func.as_ptr());
-            for &a in &self.args {
+            for &a in self.args.as_slice() {
                 ffi::Py_DECREF(a);
             }
         }
@@ -135,8 +185,8 @@ pub(crate) struct HandleCore {
     context: NonNull<ffi::PyObject>,
     /// The context is a loop snapshot other handles may share (see context.rs).
     shared_context: bool,
-    /// Where the handle was created (debug mode only), as asyncio records it.
-    source_traceback: Option<Py<PyAny>>,
+    /// Has a source traceback in `SOURCE_TRACEBACKS` (debug mode only).
+    traced: bool,
     cancelled: bool,
     /// Reader, writer and signal handles run every time their event fires and
     /// keep their callback until cancelled.
@@ -157,15 +207,31 @@ impl HandleCore {
             callback: Some(cb),
             context: unsafe { NonNull::new_unchecked(context) },
             shared_context,
-            source_traceback: None,
+            traced: false,
             cancelled: false,
             repeat,
         }
     }
 
-    /// Records where the handle was created (debug mode).
+    /// Records where the handle was created (debug mode). Only for a core
+    /// already in its handle: the record is keyed by the core's address.
     pub(crate) fn set_source_traceback(&mut self, tb: Py<PyAny>) {
-        self.source_traceback = Some(tb);
+        let old = source_tracebacks().insert(self.key(), tb);
+        self.traced = true;
+        drop(old);
+    }
+
+    /// Where the handle was created, if recorded (debug mode).
+    fn source_traceback(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        if !self.traced {
+            return None;
+        }
+        source_tracebacks().get(&self.key()).map(|t| t.clone_ref(py))
+    }
+
+    #[inline]
+    fn key(&self) -> usize {
+        self as *const HandleCore as usize
     }
 
     /// The call to make now: moved out for one-shot handles, shared for
@@ -216,7 +282,8 @@ impl HandleCore {
         if let Some(cb) = &self.callback {
             cb.visit(visit)?;
         }
-        visit.call(&self.source_traceback)?;
+        // The source traceback (a list of frame summaries, never pointing
+        // back at handles) is not reported: it cannot close a cycle.
         visit.call(as_py(&self.context.as_ptr()))
     }
 
@@ -252,9 +319,24 @@ impl HandleCore {
 
 impl Drop for HandleCore {
     fn drop(&mut self) {
+        if self.traced {
+            // Taken out first: dropping it may run Python code.
+            let tb = source_tracebacks().remove(&self.key());
+            drop(tb);
+        }
         // SAFETY: handles are dropped with the GIL held.
         unsafe { ffi::Py_DECREF(self.context.as_ptr()) }
     }
+}
+
+/// Source tracebacks of debug-mode handles, by core address: kept out of
+/// the handle so that a handle stays within 64 bytes.
+fn source_tracebacks() -> std::sync::MutexGuard<'static, HashMap<usize, Py<PyAny>>> {
+    static TRACEBACKS: OnceLock<Mutex<HashMap<usize, Py<PyAny>>>> = OnceLock::new();
+    TRACEBACKS
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Runs `cb` in the handle's context (see context.rs for shared snapshots).
@@ -312,14 +394,14 @@ fn repr_of(py: Python<'_>, kind: &str, when: Option<f64>, core: &HandleCore) -> 
         #[cfg(Py_3_13)]
         let src = {
             let kwargs = pyo3::types::PyDict::new(py);
-            kwargs.set_item("debug", core.source_traceback.is_some())?;
+            kwargs.set_item("debug", core.traced)?;
             helpers.call_method("_format_callback_source", (func, cb.args_tuple(py)), Some(&kwargs))?
         };
         #[cfg(not(Py_3_13))]
         let src = helpers.call_method1("_format_callback_source", (func, cb.args_tuple(py)))?;
         parts.push(src.extract()?);
     }
-    if let Some(tb) = &core.source_traceback {
+    if let Some(tb) = core.source_traceback(py) {
         let tb = tb.bind(py);
         if tb.len()? > 0 {
             let frame = tb.get_item(-1)?;
@@ -342,7 +424,7 @@ fn untrack<T>(obj: &Bound<'_, T>) {
 
 /// A callback scheduled with `call_soon`, or a reader/writer/signal callback.
 ///
-/// The free list keeps up to 32768 freed handles (about 3.5 MiB at most):
+/// The free list keeps up to 32768 freed handles (2 MiB at most):
 /// a thread feeding `call_soon_threadsafe` queues tens of thousands between
 /// two GIL switches, and reusing them skips pymalloc and the GC's allocation
 /// count (measured: 200,000 threadsafe calls 5.14M/s with 8192, 5.44M/s with
@@ -369,6 +451,12 @@ impl Handle {
         let h = Bound::new(py, Handle { core: UnsafeCell::new(core) })?;
         untrack(&h);
         Ok(h)
+    }
+
+    /// Records where the handle was created (debug mode).
+    pub(crate) fn set_source_traceback(&self, tb: Py<PyAny>) {
+        // SAFETY: GIL held; no other borrow of the core is live.
+        unsafe { self.core().set_source_traceback(tb) }
     }
 
     /// Cancels from Rust (loop close, remove_reader).
@@ -408,7 +496,7 @@ impl Handle {
     /// Where the handle was created, in debug mode (else None).
     #[getter]
     fn _source_traceback(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        unsafe { self.core().source_traceback.as_ref().map(|t| t.clone_ref(py)) }
+        unsafe { self.core().source_traceback(py) }
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
@@ -474,6 +562,12 @@ impl TimerHandle {
         unsafe { self.core().cancelled }
     }
 
+    /// Records where the handle was created (debug mode).
+    pub(crate) fn set_source_traceback(&self, tb: Py<PyAny>) {
+        // SAFETY: GIL held; no other borrow of the core is live.
+        unsafe { self.core().set_source_traceback(tb) }
+    }
+
     /// Called by the heap when the handle leaves it.
     #[inline]
     pub(crate) fn unschedule(&self) {
@@ -525,7 +619,7 @@ impl TimerHandle {
     /// Where the handle was created, in debug mode (else None).
     #[getter]
     fn _source_traceback(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        unsafe { self.core().source_traceback.as_ref().map(|t| t.clone_ref(py)) }
+        unsafe { self.core().source_traceback(py) }
     }
 
     fn __hash__(&self) -> u64 {
@@ -601,6 +695,7 @@ impl Ready {
     }
 }
 
-// A handle must stay within CPython's 96-byte allocation class (with the GC
-// header pyo3 gives every class): see the memory target in the README.
-const _: () = assert!(std::mem::size_of::<HandleCore>() <= 64);
+// A Handle must stay within CPython's 64-byte allocation class (with the
+// object and GC headers, 32 bytes): see `Args` and the memory target in the
+// README.
+const _: () = assert!(std::mem::size_of::<HandleCore>() <= 32);

@@ -325,6 +325,40 @@ def test_exception_context_has_source_traceback_in_debug(loop):
     assert any(frame.name == "test_exception_context_has_source_traceback_in_debug" for frame in tb)
 
 
+@pytest.mark.parametrize("kind", ["call_soon", "call_later"])
+def test_source_traceback_in_debug_only(loop, kind):
+    def schedule():
+        if kind == "call_soon":
+            return loop.call_soon(print)
+        return loop.call_later(10, print)
+
+    handle = schedule()
+    assert handle._source_traceback is None
+    assert "created at" not in repr(handle)
+    handle.cancel()
+    loop.set_debug(True)
+    handle = schedule()
+    tb = handle._source_traceback
+    assert tb and tb[-1].name == "schedule"
+    assert f"created at {tb[-1].filename}:{tb[-1].lineno}" in repr(handle)
+    # Kept while the handle lives, also after it was cancelled.
+    handle.cancel()
+    assert handle._source_traceback is tb or handle._source_traceback == tb
+    assert "created at" in repr(handle)
+
+
+def test_source_traceback_released_with_its_handle(loop):
+    loop.set_debug(True)
+    handles = [loop.call_soon(print, i) for i in range(3)] + [loop.call_later(10, print)]
+    tbs = [h._source_traceback for h in handles]
+    for h in handles:
+        h.cancel()
+    run_once(loop)
+    before = [sys.getrefcount(tb) for tb in tbs]
+    del h, handles
+    assert [sys.getrefcount(tb) for tb in tbs] == [n - 1 for n in before]
+
+
 def test_handle_repr(loop):
     def my_callback():
         pass

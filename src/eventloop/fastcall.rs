@@ -89,7 +89,8 @@ fn missing(method: &str, what: &str) -> PyErr {
 }
 
 /// Builds the state of a new handle: `callback, *args` starting at `first`,
-/// and its context.
+/// and its context; in debug mode also where it was created (to attach once
+/// the handle exists).
 #[inline(always)]
 unsafe fn make_core(
     py: Python<'_>,
@@ -98,7 +99,7 @@ unsafe fn make_core(
     a: &FastArgs,
     first: usize,
     context: Option<*mut ffi::PyObject>,
-) -> PyResult<HandleCore> {
+) -> PyResult<(HandleCore, Option<Py<PyAny>>)> {
     unsafe {
         let ctx = match context {
             Some(c) => {
@@ -123,12 +124,13 @@ unsafe fn make_core(
             }
         };
         let cb = Callback::new(a.arg(first), a.args.add(first + 1), a.nargs - first - 1);
-        let mut hc = HandleCore::new(cb, ctx.0, ctx.1, false);
+        let hc = HandleCore::new(cb, ctx.0, ctx.1, false);
+        let mut traceback = None;
         if core.debug() {
             let obj = Bound::from_borrowed_ptr(py, core_obj);
-            hc.set_source_traceback(obj.call_method0("_extract_source_traceback")?.unbind());
+            traceback = Some(obj.call_method0("_extract_source_traceback")?.unbind());
         }
-        Ok(hc)
+        Ok((hc, traceback))
     }
 }
 
@@ -156,8 +158,11 @@ unsafe fn soon(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, threadsafe
         if core.debug() {
             debug_checks(&obj, a.arg(0), method, !threadsafe)?;
         }
-        let hc = make_core(py, slf, core, a, 0, context)?;
+        let (hc, traceback) = make_core(py, slf, core, a, 0, context)?;
         let h = Handle::create(py, hc)?;
+        if let Some(tb) = traceback {
+            h.get().set_source_traceback(tb);
+        }
         let ptr = h.as_ptr();
         ffi::Py_INCREF(ptr);
         core.push_ready(Ready::Soon(h.unbind()));
@@ -202,9 +207,12 @@ unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bo
         if core.debug() {
             debug_checks(&obj, a.arg(1), "call_at", true)?;
         }
-        let hc = make_core(py, slf, core, a, 1, context)?;
+        let (hc, traceback) = make_core(py, slf, core, a, 1, context)?;
         let st = core.st();
         let h = TimerHandle::create(py, when, hc, st.timers.book())?;
+        if let Some(tb) = traceback {
+            h.get().set_source_traceback(tb);
+        }
         let ptr = h.as_ptr();
         ffi::Py_INCREF(ptr);
         core.st().timers.push(h.unbind(), when);
