@@ -17,6 +17,7 @@ use std::sync::{Mutex, OnceLock};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::{PyClass, PyTypeInfo};
 use pyo3::types::PyTuple;
 use pyo3::{PyTraverseError, PyVisit};
 use smallvec::SmallVec;
@@ -422,14 +423,136 @@ fn untrack<T>(obj: &Bound<'_, T>) {
     unsafe { ffi::PyObject_GC_UnTrack(obj.as_ptr() as *mut _) }
 }
 
+/// Freed handles of one class kept for reuse, in place of pyo3's free list
+/// (whose lock and slot lookups were a tenth of `call_soon_threadsafe`'s
+/// cost). The class's `tp_free` puts objects here (`install_pools`);
+/// `create` takes them back and writes the new contents in place.
+/// GIL-protected: only touched from `tp_free` and `create`.
+struct HandlePool {
+    free: UnsafeCell<Vec<*mut ffi::PyObject>>,
+    /// Where the Rust value starts in the object: 0 until the first object
+    /// made by pyo3 shows it, `usize::MAX` if the layout is not the plain
+    /// one this relies on (then pyo3 makes every object).
+    offset: Cell<usize>,
+}
+
+// SAFETY: accessed with the GIL held only (the module declares gil_used).
+unsafe impl Sync for HandlePool {}
+
+/// Up to this many freed objects per class (2 MiB of handles): a thread
+/// feeding `call_soon_threadsafe` queues tens of thousands between two GIL
+/// switches, and reuse skips pymalloc and the GC's allocation count.
+const POOL_CAP: usize = 32768;
+
+impl HandlePool {
+    const fn new() -> Self {
+        HandlePool { free: UnsafeCell::new(Vec::new()), offset: Cell::new(0) }
+    }
+
+    /// A new, untracked object of `T` holding `value`; `make` is pyo3's
+    /// way (`Bound::new`), used until the layout is known.
+    #[inline(always)]
+    fn create<'py, T: PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync>(
+        &self,
+        py: Python<'py>,
+        value: T,
+        make: impl FnOnce(T) -> PyResult<Bound<'py, T>>,
+    ) -> PyResult<Bound<'py, T>> {
+        let offset = self.offset.get();
+        if offset == 0 || offset == usize::MAX {
+            let obj = make(value)?;
+            untrack(&obj);
+            if offset == 0 {
+                self.learn_layout::<T>(&obj);
+            }
+            return Ok(obj);
+        }
+        // SAFETY: GIL held. A pooled object is a freed, untracked `T` whose
+        // contents were dropped; PyObject_Init makes it live again (refcount
+        // 1, a reference to its type, which pyo3's tp_dealloc let go of). A
+        // fresh one comes from the type's own allocator. The layout check in
+        // learn_layout makes `offset` the place of the whole Rust value.
+        unsafe {
+            let tp = T::type_object_raw(py);
+            let obj = match (*self.free.get()).pop() {
+                Some(obj) => {
+                    ffi::PyObject_Init(obj, tp);
+                    obj
+                }
+                None => {
+                    let obj = ffi::PyType_GenericAlloc(tp, 0);
+                    if obj.is_null() {
+                        return Err(PyErr::fetch(py));
+                    }
+                    ffi::PyObject_GC_UnTrack(obj as *mut _);
+                    obj
+                }
+            };
+            ptr::write((obj as *mut u8).add(offset) as *mut T, value);
+            Ok(Bound::from_owned_ptr(py, obj).cast_into_unchecked())
+        }
+    }
+
+    /// Records where pyo3 put the value, if the object is nothing but the
+    /// object header and the value (no borrow flag, dict or weakref slot to
+    /// initialise).
+    #[cold]
+    fn learn_layout<T: PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync>(&self, obj: &Bound<'_, T>) {
+        let start = obj.as_ptr() as usize;
+        let value = obj.get() as *const T as usize;
+        // SAFETY: reading the size of a live type object.
+        let basic = unsafe { (*ffi::Py_TYPE(obj.as_ptr())).tp_basicsize } as usize;
+        let plain = value > start && value - start + std::mem::size_of::<T>() == basic;
+        self.offset.set(if plain { value - start } else { usize::MAX });
+    }
+
+    /// `tp_free`: keep the object, or give it back to CPython.
+    ///
+    /// # Safety
+    /// GIL held; `obj` is a dead object of the pool's class (contents dropped).
+    #[inline(always)]
+    unsafe fn free(&self, obj: *mut std::ffi::c_void) {
+        unsafe {
+            let free = &mut *self.free.get();
+            if free.len() < POOL_CAP {
+                free.push(obj.cast());
+            } else {
+                ffi::PyObject_GC_Del(obj);
+            }
+        }
+    }
+}
+
+static HANDLE_POOL: HandlePool = HandlePool::new();
+static TIMER_HANDLE_POOL: HandlePool = HandlePool::new();
+
+unsafe extern "C" fn free_handle(obj: *mut std::ffi::c_void) {
+    unsafe { HANDLE_POOL.free(obj) }
+}
+
+unsafe extern "C" fn free_timer_handle(obj: *mut std::ffi::c_void) {
+    unsafe { TIMER_HANDLE_POOL.free(obj) }
+}
+
+/// Points the handle classes' `tp_free` at their pools (at import, before
+/// any handle exists).
+pub(crate) fn install_pools(py: Python<'_>) {
+    // SAFETY: GIL held; the classes are ours, not subclassable, and have no
+    // instances yet.
+    unsafe {
+        for (tp, free) in [
+            (Handle::type_object_raw(py), free_handle as unsafe extern "C" fn(*mut std::ffi::c_void)),
+            (TimerHandle::type_object_raw(py), free_timer_handle),
+        ] {
+            (*tp).tp_free = Some(free);
+            ffi::PyType_Modified(tp);
+        }
+    }
+}
+
 /// A callback scheduled with `call_soon`, or a reader/writer/signal callback.
-///
-/// The free list keeps up to 32768 freed handles (2 MiB at most):
-/// a thread feeding `call_soon_threadsafe` queues tens of thousands between
-/// two GIL switches, and reusing them skips pymalloc and the GC's allocation
-/// count (measured: 200,000 threadsafe calls 5.14M/s with 8192, 5.44M/s with
-/// 32768, benchmarks/compare.py --workloads threadsafe).
-#[pyclass(module = "zuvrs", name = "Handle", frozen, freelist = 32768)]
+/// Made through `HANDLE_POOL`.
+#[pyclass(module = "zuvrs", name = "Handle", frozen)]
 pub struct Handle {
     core: UnsafeCell<HandleCore>,
 }
@@ -448,9 +571,7 @@ impl HasCore for Handle {
 impl Handle {
     #[inline(always)]
     pub(crate) fn create(py: Python<'_>, core: HandleCore) -> PyResult<Bound<'_, Handle>> {
-        let h = Bound::new(py, Handle { core: UnsafeCell::new(core) })?;
-        untrack(&h);
-        Ok(h)
+        HANDLE_POOL.create(py, Handle { core: UnsafeCell::new(core) }, |v| Bound::new(py, v))
     }
 
     /// Records where the handle was created (debug mode).
@@ -517,7 +638,8 @@ unsafe impl Send for SharedBook {}
 unsafe impl Sync for SharedBook {}
 
 /// A callback scheduled with `call_later` / `call_at`.
-#[pyclass(module = "zuvrs", name = "TimerHandle", frozen, freelist = 8192)]
+/// Made through `TIMER_HANDLE_POOL`.
+#[pyclass(module = "zuvrs", name = "TimerHandle", frozen)]
 pub struct TimerHandle {
     core: UnsafeCell<HandleCore>,
     when: f64,
@@ -544,7 +666,7 @@ impl TimerHandle {
         core: HandleCore,
         book: &Rc<TimerBook>,
     ) -> PyResult<Bound<'py, TimerHandle>> {
-        let h = Bound::new(
+        TIMER_HANDLE_POOL.create(
             py,
             TimerHandle {
                 core: UnsafeCell::new(core),
@@ -552,9 +674,8 @@ impl TimerHandle {
                 scheduled: Cell::new(true),
                 book: SharedBook(book.clone()),
             },
-        )?;
-        untrack(&h);
-        Ok(h)
+            |v| Bound::new(py, v),
+        )
     }
 
     #[inline]
