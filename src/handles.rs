@@ -470,8 +470,9 @@ impl HandlePool {
         // SAFETY: GIL held. A pooled object is a freed, untracked `T` whose
         // contents were dropped; PyObject_Init makes it live again (refcount
         // 1, a reference to its type, which pyo3's tp_dealloc let go of). A
-        // fresh one comes from the type's own allocator. The layout check in
-        // learn_layout makes `offset` the place of the whole Rust value.
+        // fresh one comes from CPython's GC allocator, as the type's default
+        // tp_alloc would, and is freed by PyObject_GC_Del. The layout check
+        // in learn_layout makes `offset` the place of the whole Rust value.
         unsafe {
             let tp = T::type_object_raw(py);
             let obj = match (*self.free.get()).pop() {
@@ -480,11 +481,11 @@ impl HandlePool {
                     obj
                 }
                 None => {
-                    let obj = ffi::PyType_GenericAlloc(tp, 0);
+                    // Untracked and not zeroed (the value is written whole).
+                    let obj = ffi::PyObject_GC_New::<ffi::PyObject>(tp);
                     if obj.is_null() {
                         return Err(PyErr::fetch(py));
                     }
-                    ffi::PyObject_GC_UnTrack(obj as *mut _);
                     obj
                 }
             };
