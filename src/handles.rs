@@ -217,9 +217,12 @@ impl HandleCore {
     /// Records where the handle was created (debug mode). Only for a core
     /// already in its handle: the record is keyed by the core's address.
     pub(crate) fn set_source_traceback(&mut self, tb: Py<PyAny>) {
-        let old = source_tracebacks().insert(self.key(), tb);
+        let old = source_tracebacks().insert(self.key(), tb.into_ptr() as usize);
         self.traced = true;
-        drop(old);
+        if let Some(old) = old {
+            // SAFETY: GIL held; the table owned this reference.
+            unsafe { ffi::Py_DECREF(old as *mut ffi::PyObject) }
+        }
     }
 
     /// Where the handle was created, if recorded (debug mode).
@@ -227,7 +230,9 @@ impl HandleCore {
         if !self.traced {
             return None;
         }
-        source_tracebacks().get(&self.key()).map(|t| t.clone_ref(py))
+        let tb = source_tracebacks().get(&self.key()).copied()?;
+        // SAFETY: the table holds a reference to this object.
+        Some(unsafe { Bound::from_borrowed_ptr(py, tb as *mut ffi::PyObject) }.unbind())
     }
 
     #[inline]
@@ -321,19 +326,24 @@ impl HandleCore {
 impl Drop for HandleCore {
     fn drop(&mut self) {
         if self.traced {
-            // Taken out first: dropping it may run Python code.
+            // Taken out before the decref, which may run Python code.
             let tb = source_tracebacks().remove(&self.key());
-            drop(tb);
+            if let Some(tb) = tb {
+                // SAFETY: GIL held; the table owned this reference.
+                unsafe { ffi::Py_DECREF(tb as *mut ffi::PyObject) }
+            }
         }
         // SAFETY: handles are dropped with the GIL held.
         unsafe { ffi::Py_DECREF(self.context.as_ptr()) }
     }
 }
 
-/// Source tracebacks of debug-mode handles, by core address: kept out of
-/// the handle so that a handle stays within 64 bytes.
-fn source_tracebacks() -> std::sync::MutexGuard<'static, HashMap<usize, Py<PyAny>>> {
-    static TRACEBACKS: OnceLock<Mutex<HashMap<usize, Py<PyAny>>>> = OnceLock::new();
+/// Source tracebacks of debug-mode handles (owned object pointers), by core
+/// address: kept out of the handle so that a handle stays within 64 bytes.
+/// Raw pointers, because a handle's value is dropped by `HandlePool::dealloc`
+/// outside pyo3's trampolines, where pyo3 would defer dropping a `Py<T>`.
+fn source_tracebacks() -> std::sync::MutexGuard<'static, HashMap<usize, usize>> {
+    static TRACEBACKS: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
     TRACEBACKS
         .get_or_init(|| Mutex::new(HashMap::new()))
         .lock()
@@ -432,8 +442,10 @@ struct HandlePool {
     free: UnsafeCell<Vec<*mut ffi::PyObject>>,
     /// Where the Rust value starts in the object: 0 until the first object
     /// made by pyo3 shows it, `usize::MAX` if the layout is not the plain
-    /// one this relies on (then pyo3 makes every object).
+    /// one this relies on (then pyo3 makes and frees every object).
     offset: Cell<usize>,
+    /// The class's `tp_dealloc` once the layout is known (see `dealloc`).
+    dealloc: unsafe extern "C" fn(*mut ffi::PyObject),
 }
 
 // SAFETY: accessed with the GIL held only (the module declares gil_used).
@@ -445,8 +457,8 @@ unsafe impl Sync for HandlePool {}
 const POOL_CAP: usize = 32768;
 
 impl HandlePool {
-    const fn new() -> Self {
-        HandlePool { free: UnsafeCell::new(Vec::new()), offset: Cell::new(0) }
+    const fn new(dealloc: unsafe extern "C" fn(*mut ffi::PyObject)) -> Self {
+        HandlePool { free: UnsafeCell::new(Vec::new()), offset: Cell::new(0), dealloc }
     }
 
     /// A new, untracked object of `T` holding `value`; `make` is pyo3's
@@ -505,6 +517,37 @@ impl HandlePool {
         let basic = unsafe { (*ffi::Py_TYPE(obj.as_ptr())).tp_basicsize } as usize;
         let plain = value > start && value - start + std::mem::size_of::<T>() == basic;
         self.offset.set(if plain { value - start } else { usize::MAX });
+        if plain {
+            // SAFETY: GIL held; our class, and `dealloc` handles every object
+            // of this layout (the one pyo3 made included).
+            unsafe {
+                let tp = ffi::Py_TYPE(obj.as_ptr());
+                (*tp).tp_dealloc = Some(self.dealloc);
+                ffi::PyType_Modified(tp);
+            }
+        }
+    }
+
+    /// `tp_dealloc` for a plain layout: what pyo3's does (untrack, drop the
+    /// value in place, free, let go of the type), without its lookups. The
+    /// values hold raw references released with `ffi::Py_DECREF`: a `Py<T>`
+    /// dropped here, outside pyo3's trampolines, would only be queued.
+    ///
+    /// # Safety
+    /// GIL held; `obj` is an object of `T` whose refcount reached zero.
+    #[inline(always)]
+    unsafe fn dealloc<T>(&self, obj: *mut ffi::PyObject) {
+        unsafe {
+            // Untracked before the value's destructor can run Python code
+            // (a handle released while still referenced is tracked again).
+            if ffi::PyObject_GC_IsTracked(obj) != 0 {
+                ffi::PyObject_GC_UnTrack(obj.cast());
+            }
+            let tp = ffi::Py_TYPE(obj);
+            ptr::drop_in_place((obj as *mut u8).add(self.offset.get()) as *mut T);
+            self.free(obj.cast());
+            ffi::Py_DECREF(tp.cast());
+        }
     }
 
     /// `tp_free`: keep the object, or give it back to CPython.
@@ -524,8 +567,16 @@ impl HandlePool {
     }
 }
 
-static HANDLE_POOL: HandlePool = HandlePool::new();
-static TIMER_HANDLE_POOL: HandlePool = HandlePool::new();
+static HANDLE_POOL: HandlePool = HandlePool::new(dealloc_handle);
+static TIMER_HANDLE_POOL: HandlePool = HandlePool::new(dealloc_timer_handle);
+
+unsafe extern "C" fn dealloc_handle(obj: *mut ffi::PyObject) {
+    unsafe { HANDLE_POOL.dealloc::<Handle>(obj) }
+}
+
+unsafe extern "C" fn dealloc_timer_handle(obj: *mut ffi::PyObject) {
+    unsafe { TIMER_HANDLE_POOL.dealloc::<TimerHandle>(obj) }
+}
 
 unsafe extern "C" fn free_handle(obj: *mut std::ffi::c_void) {
     unsafe { HANDLE_POOL.free(obj) }

@@ -12,6 +12,7 @@ use std::ptr;
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::Borrowed;
 use pyo3::types::PyString;
 
 use super::LoopCore;
@@ -148,7 +149,7 @@ fn debug_checks(slf: &Bound<'_, PyAny>, callback: *mut ffi::PyObject, method: &s
 unsafe fn soon(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, threadsafe: bool) -> PyResult<*mut ffi::PyObject> {
     unsafe {
         let method = if threadsafe { "call_soon_threadsafe" } else { "call_soon" };
-        let obj = Bound::from_borrowed_ptr(py, slf);
+        let obj = Borrowed::from_ptr(py, slf); // no refcount traffic on the loop
         let core = obj.cast_unchecked::<LoopCore>().get();
         if a.nargs < 1 {
             return Err(missing(method, "callback"));
@@ -176,7 +177,7 @@ unsafe fn soon(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, threadsafe
 unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bool) -> PyResult<*mut ffi::PyObject> {
     unsafe {
         let (method, what) = if relative { ("call_later", "delay") } else { ("call_at", "when") };
-        let obj = Bound::from_borrowed_ptr(py, slf);
+        let obj = Borrowed::from_ptr(py, slf);
         let core = obj.cast_unchecked::<LoopCore>().get();
         if a.nargs < 1 {
             return Err(missing(method, what));
