@@ -365,14 +365,16 @@ pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shar
 /// can still be collected.
 #[inline]
 pub(crate) fn release_handle<T>(handle: Py<T>) {
-    let p = handle.as_ptr();
-    // SAFETY: GIL held by every caller; the object is a live pyo3 instance.
+    let p = handle.into_ptr();
+    // SAFETY: GIL held by every caller; the object is a live pyo3 instance
+    // and this was our reference (a plain decref: Py's drop would first ask
+    // pyo3 whether the thread is attached, on every callback).
     unsafe {
         if ffi::Py_REFCNT(p) > 1 && ffi::PyObject_GC_IsTracked(p) == 0 {
             ffi::PyObject_GC_Track(p as *mut _);
         }
+        ffi::Py_DECREF(p);
     }
-    drop(handle);
 }
 
 /// Gives `&mut HandleCore` access to a handle under the GIL.
