@@ -594,3 +594,46 @@ def test_large_datagram(loop, sock_dir):
         assert await close_and_wait(t, p) is None
 
     run(loop, main())
+
+
+def test_endpoints_are_freed_and_leave_no_fds(loop, sock_dir):
+    """Unix endpoints created, used (a datagram each way, an error, buffered
+    datagrams dropped by abort) and closed: no fd left, transport and
+    protocol freed."""
+    import gc
+    import weakref
+
+    async def one(i):
+        path = os.path.join(sock_dir, f"ep{i}")
+        peer_path = os.path.join(sock_dir, f"peer{i}")
+        peer = unix_dgram(peer_path)
+        t, p = await loop.create_datagram_endpoint(DatagramRecorder, local_addr=path, family=socket.AF_UNIX)
+        try:
+            peer.sendto(b"in", path)
+            assert await next_item(p) == (b"in", peer_path)
+            t.sendto(b"out", peer_path)
+            assert await recv_plain(peer) == (b"out", path)
+            t.sendto(b"x", os.path.join(sock_dir, "missing"))
+            assert isinstance(await next_item(p), FileNotFoundError)
+            while t.get_write_buffer_size() == 0:
+                t.sendto(payload(1000), peer_path)
+            t.abort()
+            assert await asyncio.wait_for(p.lost, TIMEOUT) is None
+        finally:
+            peer.close()
+        os.unlink(path)
+        os.unlink(peer_path)
+        return weakref.ref(t), weakref.ref(p)
+
+    async def main():
+        await one(-1)
+        before = fd_count()
+        refs = [await one(i) for i in range(20)]
+        await asyncio.sleep(0.01)
+        assert fd_count() == before
+        return refs
+
+    refs = run(loop, main())
+    run(loop, asyncio.sleep(0.01))
+    gc.collect()
+    assert [r() for pair in refs for r in pair] == [None] * 40
