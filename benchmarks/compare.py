@@ -10,7 +10,7 @@ Usage (from the repository root)::
     python3 benchmarks/compare.py --samples 9 --json run.json --markdown run.md
     python3 benchmarks/compare.py --size call_soon=200000 --timeout 60
     python3 benchmarks/compare.py --quick --workloads tcp_echo_streams,tcp_echo_protocol,tcp_bulk,unix_echo_streams,short_connections,getaddrinfo_numeric,split_writes_one,split_writes_two
-    python3 benchmarks/compare.py --quick --workloads udp_echo,subprocess_spawn,subprocess_pipe_output,pipe_roundtrip
+    python3 benchmarks/compare.py --quick --workloads udp_echo,unix_dgram_echo,subprocess_spawn,subprocess_pipe_output,pipe_roundtrip
 
 What it does:
 
@@ -45,8 +45,8 @@ What it does:
   is flagged too.
 * stdout gets the markdown; progress lines go to stderr as samples finish.
 
-Network workloads (and udp_echo, pipe_roundtrip, subprocess_pipe_output,
-whose transports read with the same 256 KiB buffers) first make one
+Network workloads (and udp_echo, unix_dgram_echo, pipe_roundtrip,
+subprocess_pipe_output, whose transports read with the same 256 KiB buffers) first make one
 untimed connection on a throwaway loop of the same kind
 (``workloads._prelude``): without it, asyncio's first connection in a fresh
 process runs at about half speed (glibc mmap()s, mremap()s and munmap()s
@@ -98,6 +98,9 @@ pytest-codspeed suite ``benchmarks/test_benchmarks.py``)::
                            127.0.0.1, one outstanding, CRC-32 checked (a
                            lost datagram: parity mismatch after the stall
                            timeout, not a hang)
+    unix_dgram_echo        udp_echo over two Unix datagram endpoints bound
+                           to paths in a temp dir (the client connected to
+                           the server's path)
     subprocess_spawn       500 create_subprocess_exec('/bin/true') + wait(),
                            one after the other, return codes checked
     subprocess_pipe_output 256 MiB written by a child (python -I -S -c) to

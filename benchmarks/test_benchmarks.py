@@ -43,6 +43,7 @@ SIZES = {
     "split_writes_one": 500,
     "split_writes_two": 500,
     "udp_echo": 500,
+    "unix_dgram_echo": 500,
     "subprocess_spawn": 10,
     "subprocess_pipe_output": 4,  # MiB
     "pipe_roundtrip": 500,
@@ -215,6 +216,11 @@ def test_split_writes_two(benchmark, loop_name: str) -> None:
 @pytest.mark.benchmark
 def test_udp_echo(benchmark, loop_name: str) -> None:
     _bench(benchmark, "udp_echo", loop_name)
+
+
+@pytest.mark.benchmark
+def test_unix_dgram_echo(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "unix_dgram_echo", loop_name)
 
 
 @pytest.mark.benchmark

@@ -1438,6 +1438,31 @@ def udp_echo(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
     every echo compared with what was sent and CRC-32 checksummed. A lost
     datagram stops the exchange: the watchdog cancels it after STALL_S
     seconds and the parity shows how far it got."""
+    return _dgram_echo("udp_echo", loop_factory, n, unix=False)
+
+
+def unix_dgram_echo(loop_factory: LoopFactory,
+                    n: int = 20_000) -> Dict[str, Any]:
+    """udp_echo over Unix datagram sockets (AF_UNIX, SOCK_DGRAM) in a temp
+    dir: the server bound to one path, the client bound to another (so the
+    server can answer it) and connected to the server's. A loop without
+    Unix datagram endpoints reports unsupported."""
+    return _dgram_echo("unix_dgram_echo", loop_factory, n, unix=True)
+
+
+def _unix_dgram_refused(loop: Any, d: str | None, exc: BaseException) -> None:
+    """Raise Unsupported for a loop that refuses Unix datagram endpoint
+    arguments asyncio takes (uvloop: a TypeError for an AF_UNIX local_addr,
+    rloop: TypeError / ValueError). Not for asyncio and zuvrs: there it is
+    a failure."""
+    if d is None or type(loop).__module__.split(".")[0] in ("asyncio", "zuvrs"):
+        return
+    raise _unsupported(loop, "create_datagram_endpoint(family=AF_UNIX)",
+                       exc) from None
+
+
+def _dgram_echo(name: str, loop_factory: LoopFactory, n: int,
+                unix: bool) -> Dict[str, Any]:
     payloads = _echo_payloads(DGRAM_SIZE)
     expected_crc = _expected_echo_crc(n, payloads)
     st = {"server_datagrams": 0, "server_bytes": 0, "errors": 0,
@@ -1446,25 +1471,45 @@ def udp_echo(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
     info["prelude"] = _prelude(loop_factory)  # untimed
     client: List[UdpEchoClientProtocol] = []
 
-    async def main() -> None:
+    async def main(d: str | None) -> None:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         client_closed = loop.create_future()
         server_closed = loop.create_future()
+        if d is not None:
+            server_kw: Dict[str, Any] = {
+                "local_addr": os.path.join(d, "server.sock"),
+                "family": socket.AF_UNIX}
+        else:
+            server_kw = {"local_addr": (HOST, 0)}
         try:
             s_tr, _ = await loop.create_datagram_endpoint(
                 lambda: _UdpEchoServerProtocol(st, info, server_closed),
-                local_addr=(HOST, 0))
+                **server_kw)
         except NotImplementedError as exc:
             raise _unsupported(loop, "create_datagram_endpoint", exc) from None
+        except (TypeError, ValueError) as exc:
+            _unix_dgram_refused(loop, d, exc)
+            raise
         try:
-            addr = s_tr.get_extra_info("sockname")
-            if addr is None:
-                addr = s_tr.get_extra_info("socket").getsockname()
-            c_tr, proto = await loop.create_datagram_endpoint(
-                lambda: UdpEchoClientProtocol(n, payloads, done, client_closed,
-                                              st, info),
-                remote_addr=tuple(addr[:2]))
+            if d is not None:
+                client_kw: Dict[str, Any] = {
+                    "local_addr": os.path.join(d, "client.sock"),
+                    "remote_addr": server_kw["local_addr"],
+                    "family": socket.AF_UNIX}
+            else:
+                addr = s_tr.get_extra_info("sockname")
+                if addr is None:
+                    addr = s_tr.get_extra_info("socket").getsockname()
+                client_kw = {"remote_addr": tuple(addr[:2])}
+            try:
+                c_tr, proto = await loop.create_datagram_endpoint(
+                    lambda: UdpEchoClientProtocol(n, payloads, done,
+                                                  client_closed, st, info),
+                    **client_kw)
+            except (TypeError, ValueError) as exc:
+                _unix_dgram_refused(loop, d, exc)
+                raise
             client.append(proto)
             try:
                 await done
@@ -1480,11 +1525,15 @@ def udp_echo(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
 
     run = _Run(loop_factory)
     with run as loop:
-        _run_guarded(loop, main(), info, lambda: client[0].t if client else 0,
-                     _guard_seconds(n * 10))
+        prog = lambda: client[0].t if client else 0  # noqa: E731
+        if unix:
+            with _TempDir() as d:
+                _run_guarded(loop, main(d), info, prog, _guard_seconds(n * 10))
+        else:
+            _run_guarded(loop, main(None), info, prog, _guard_seconds(n * 10))
     c = client[0] if client else None
     return run.result(
-        "udp_echo", n,
+        name, n,
         {"round_trips": c.t if c else 0, "matches": c.matches if c else 0,
          "checksum": c.crc if c else 0,
          "unexpected": c.unexpected if c else 0,
@@ -1908,6 +1957,10 @@ WORKLOADS: Dict[str, Any] = {
     "udp_echo": (udp_echo, 20_000,
                  "512-byte datagram echo round trips between two UDP "
                  "endpoints on 127.0.0.1, one outstanding (round trips)"),
+    "unix_dgram_echo": (unix_dgram_echo, 20_000,
+                        "512-byte datagram echo round trips between two "
+                        "Unix datagram endpoints (AF_UNIX paths in a temp "
+                        "dir), one outstanding (round trips)"),
     "subprocess_spawn": (subprocess_spawn, 500,
                          "create_subprocess_exec('/bin/true') + wait(), "
                          "sequential (processes)"),

@@ -1,11 +1,13 @@
 """Datagram transports.
 
-UDP sockets (AF_INET / AF_INET6) get a native core (DatagramCore in
-src/transport/udp.rs): libuv watches the fd, datagrams are read and
-delivered to the protocol from Rust, and ``sendto`` is the core's own
-method. Other families (Unix datagram sockets) use FdDatagramTransport, a
-Python transport over the loop's fd watchers that reads natively only the
-datagram itself.
+UDP sockets (AF_INET / AF_INET6) and Unix datagram sockets (AF_UNIX) get a
+native core (DatagramCore in src/transport/udp.rs): libuv watches the fd,
+datagrams are read and delivered to the protocol from Rust, and ``sendto``
+is the core's own method (numeric IP addresses and Unix paths / abstract
+names are parsed natively, anything else goes through ``socket.sendto``).
+A socket whose class overrides ``send``, ``sendto`` or ``recvfrom``, or of
+another family, uses FdDatagramTransport, a Python transport over the
+loop's fd watchers that calls the socket's own methods.
 """
 
 import asyncio
@@ -28,7 +30,7 @@ _HEADER_SIZE = 8 if _SENDS_EMPTY else 0
 # Outcomes of one send attempt.
 _SENT, _BLOCKED, _FAILED = "sent", "blocked", "failed"
 
-_NATIVE_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+_NATIVE_FAMILIES = (socket.AF_INET, socket.AF_INET6) + ((socket.AF_UNIX,) if hasattr(socket, "AF_UNIX") else ())
 # The socket methods asyncio's transport calls; the native core does their
 # work itself, so a socket class that overrides one gets the Python transport.
 _IO_METHODS = ("send", "sendto", "recvfrom")
@@ -40,14 +42,15 @@ def _plain_io(sock):
 
 
 def make_datagram_transport(loop, sock, protocol, address=None, waiter=None, extra=None):
-    """The transport for a datagram socket: native for UDP, else Python."""
+    """The transport for a datagram socket: native for UDP and Unix
+    datagram sockets of the plain socket class, else Python."""
     native = sock.family in _NATIVE_FAMILIES and _plain_io(sock)
     cls = DatagramTransport if native else FdDatagramTransport
     return cls(loop, sock, protocol, address, waiter, extra)
 
 
 class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport):
-    """A UDP transport over a native DatagramCore.
+    """A UDP or Unix datagram transport over a native DatagramCore.
 
     ``sendto``, ``get_write_buffer_size`` and ``is_closing`` are the core's
     bound methods; the core calls the protocol itself when a datagram
@@ -155,8 +158,8 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
 
 class FdDatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.DatagramTransport):
     """A datagram transport in Python over the loop's fd watchers, calling
-    the socket's own methods: Unix datagram sockets, and UDP sockets whose
-    class overrides send, sendto or recvfrom."""
+    the socket's own methods: datagram sockets whose class overrides send,
+    sendto or recvfrom."""
 
     max_size = 256 * 1024  # largest datagram read at once
 

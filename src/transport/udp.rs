@@ -1,4 +1,5 @@
-//! UDP transports (AF_INET / AF_INET6): `DatagramCore`.
+//! Datagram transports (UDP over AF_INET / AF_INET6, and AF_UNIX datagram
+//! sockets): `DatagramCore`.
 //!
 //! libuv watches the socket's fd directly with a `uv_poll_t` (no second
 //! epoll set, no Python fd handler), and the core does the I/O itself:
@@ -9,10 +10,14 @@
 //!   event, as asyncio's selector transport reads (libuv's own `uv_udp_t`
 //!   reads until EAGAIN, which costs a failing `recvmsg` per wake-up).
 //! - `sendto()` is a native method: `send(2)` on a connected socket,
-//!   `sendto(2)` with a numeric (host, port) parsed here, and Python's
-//!   `socket.sendto` for any other address (names, scope ids, bad input), so
-//!   resolution and every error are the socket module's own. What the
-//!   kernel refuses with EAGAIN is buffered and sent when the fd is writable.
+//!   `sendto(2)` with a numeric (host, port) or a Unix path / abstract name
+//!   (an exact str or bytes) parsed here, and Python's `socket.sendto` for
+//!   any other address (names, scope ids, bad input), so resolution and
+//!   every error are the socket module's own. What the kernel refuses with
+//!   EAGAIN is buffered and sent when the fd is writable.
+//! - A sender's address is built as `socket.recvfrom` builds it: a tuple
+//!   for IP, a str path or bytes abstract name for AF_UNIX, None for an
+//!   unnamed Unix sender; a repeated sender gets the same object.
 //!
 //! The semantics are those of asyncio's `_SelectorDatagramTransport`, line by
 //! line; the Python `DatagramTransport` (python/zuvrs/_datagram.py) keeps the
@@ -57,13 +62,19 @@ struct PollBox {
 // SAFETY: repr(C) with the uv handle first.
 unsafe impl HandleBox for PollBox {}
 
-/// An IPv4 or IPv6 socket address as the kernel takes it.
+/// A socket address as the kernel takes it: IPv4, IPv6 or Unix.
 #[derive(Clone, Copy)]
 struct RawAddr {
-    /// Large enough for either family (a `sockaddr_in` is a prefix).
-    sa: libc::sockaddr_in6,
+    /// Large enough for every family (a `sockaddr_in`, `sockaddr_in6` or
+    /// `sockaddr_un` is a prefix).
+    sa: libc::sockaddr_storage,
     len: libc::socklen_t,
 }
+
+/// Where `sun_path` starts in a `sockaddr_un` (after the family).
+const SUN_PATH_OFFSET: usize = std::mem::size_of::<libc::sa_family_t>();
+/// The size of `sun_path`.
+const SUN_PATH_LEN: usize = std::mem::size_of::<libc::sockaddr_un>() - SUN_PATH_OFFSET;
 
 impl RawAddr {
     fn zeroed() -> Self {
@@ -72,7 +83,30 @@ impl RawAddr {
     }
 
     fn as_ptr(&self) -> *const libc::sockaddr {
-        &self.sa as *const libc::sockaddr_in6 as *const libc::sockaddr
+        &self.sa as *const libc::sockaddr_storage as *const libc::sockaddr
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut libc::sockaddr {
+        &mut self.sa as *mut libc::sockaddr_storage as *mut libc::sockaddr
+    }
+
+    fn family(&self) -> i32 {
+        self.sa.ss_family as i32
+    }
+
+    fn sin(&mut self) -> &mut libc::sockaddr_in {
+        // SAFETY: a sockaddr_in is a prefix of the storage, alignment included.
+        unsafe { &mut *(self.as_mut_ptr() as *mut libc::sockaddr_in) }
+    }
+
+    fn sin6(&mut self) -> &mut libc::sockaddr_in6 {
+        // SAFETY: as sin().
+        unsafe { &mut *(self.as_mut_ptr() as *mut libc::sockaddr_in6) }
+    }
+
+    fn sun(&mut self) -> &mut libc::sockaddr_un {
+        // SAFETY: as sin().
+        unsafe { &mut *(self.as_mut_ptr() as *mut libc::sockaddr_un) }
     }
 
     fn bytes(&self) -> &[u8] {
@@ -197,15 +231,17 @@ fn numeric_host(obj: &Bound<'_, PyAny>, family: i32, out: *mut libc::c_void) -> 
 /// A numeric (host, port) / (host, port, flowinfo, scope_id) tuple as a
 /// socket address, or None when Python's socket module must look at it.
 fn parse_address(addr: &Bound<'_, PyAny>, family: i32) -> Option<RawAddr> {
+    if family == libc::AF_UNIX {
+        return parse_unix_address(addr);
+    }
     let t = addr.cast_exact::<PyTuple>().ok()?;
     let mut raw = RawAddr::zeroed();
     if family == libc::AF_INET {
         if t.len() != 2 {
             return None;
         }
-        // SAFETY: a sockaddr_in is a prefix of the zeroed sockaddr_in6.
-        let sin = unsafe { &mut *(&mut raw.sa as *mut libc::sockaddr_in6 as *mut libc::sockaddr_in) };
         let port = small_int(&t.get_item(1).ok()?, 0, 0xffff)?;
+        let sin = raw.sin();
         if !numeric_host(&t.get_item(0).ok()?, family, &mut sin.sin_addr as *mut _ as *mut libc::c_void) {
             return None;
         }
@@ -219,7 +255,7 @@ fn parse_address(addr: &Bound<'_, PyAny>, family: i32) -> Option<RawAddr> {
         let port = small_int(&t.get_item(1).ok()?, 0, 0xffff)?;
         let flowinfo = if t.len() > 2 { small_int(&t.get_item(2).ok()?, 0, 0xfffff)? } else { 0 };
         let scope_id = if t.len() > 3 { small_int(&t.get_item(3).ok()?, 0, u32::MAX as i64)? } else { 0 };
-        let sin6 = &mut raw.sa;
+        let sin6 = raw.sin6();
         if !numeric_host(&t.get_item(0).ok()?, family, &mut sin6.sin6_addr as *mut _ as *mut libc::c_void) {
             return None;
         }
@@ -232,17 +268,61 @@ fn parse_address(addr: &Bound<'_, PyAny>, family: i32) -> Option<RawAddr> {
     Some(raw)
 }
 
+/// A Unix socket path as the socket module builds it from an exact str
+/// (encoded with the filesystem encoding) or exact bytes: a path with a
+/// NUL after it, or a Linux abstract name (a leading NUL byte) taken as
+/// is. None for anything else (an empty or too long path, a str the
+/// filesystem encoding refuses, other types), which the socket module then
+/// accepts or rejects itself.
+fn parse_unix_address(addr: &Bound<'_, PyAny>) -> Option<RawAddr> {
+    let py = addr.py();
+    let encoded;
+    let path: &[u8] = if let Ok(b) = addr.cast_exact::<PyBytes>() {
+        b.as_bytes()
+    } else if addr.cast_exact::<PyString>().is_ok() {
+        // SAFETY: a new reference or NULL with an exception set.
+        let obj = unsafe { pyo3::ffi::PyUnicode_EncodeFSDefault(addr.as_ptr()) };
+        if obj.is_null() {
+            drop(PyErr::take(py));
+            return None;
+        }
+        // SAFETY: owned new reference to a bytes object.
+        encoded = unsafe { Bound::from_owned_ptr(py, obj) }.cast_into::<PyBytes>().ok()?;
+        encoded.as_bytes()
+    } else {
+        return None;
+    };
+    let abstract_name = path.first() == Some(&0);
+    if path.is_empty() || (abstract_name && path.len() > SUN_PATH_LEN) || (!abstract_name && path.len() >= SUN_PATH_LEN) {
+        return None;
+    }
+    let mut raw = RawAddr::zeroed();
+    let sun = raw.sun();
+    sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in sun.sun_path.iter_mut().zip(path) {
+        *dst = *src as libc::c_char;
+    }
+    // A path counts its terminating NUL (already there: zeroed storage).
+    raw.len = (SUN_PATH_OFFSET + path.len() + usize::from(!abstract_name)) as libc::socklen_t;
+    Some(raw)
+}
+
 /// A sender's address as `socket.recvfrom` gives it: (host, port) or
-/// (host, port, flowinfo, scope_id), the host as `inet_ntop` prints it.
+/// (host, port, flowinfo, scope_id), the host as `inet_ntop` prints it;
+/// for a Unix socket its path (a str) or abstract name (bytes).
 fn source_tuple(py: Python<'_>, raw: &RawAddr) -> PyResult<Py<PyAny>> {
-    let family = raw.sa.sin6_family as i32;
+    let family = raw.family();
+    let mut raw = *raw;
+    if family == libc::AF_UNIX {
+        return source_unix(py, &mut raw);
+    }
     let mut text = [0 as libc::c_char; 64];
     let (src, port) = if family == libc::AF_INET {
-        // SAFETY: the kernel wrote a sockaddr_in.
-        let sin = unsafe { &*(raw.as_ptr() as *const libc::sockaddr_in) };
+        let sin = raw.sin();
         (&sin.sin_addr as *const _ as *const libc::c_void, u16::from_be(sin.sin_port))
     } else if family == libc::AF_INET6 {
-        (&raw.sa.sin6_addr as *const _ as *const libc::c_void, u16::from_be(raw.sa.sin6_port))
+        let sin6 = raw.sin6();
+        (&sin6.sin6_addr as *const _ as *const libc::c_void, u16::from_be(sin6.sin6_port))
     } else {
         return Ok(py.None());
     };
@@ -256,9 +336,31 @@ fn source_tuple(py: Python<'_>, raw: &RawAddr) -> PyResult<Py<PyAny>> {
     let t = if family == libc::AF_INET {
         (host, port).into_pyobject(py)?.into_any()
     } else {
-        (host, port, u32::from_be(raw.sa.sin6_flowinfo), raw.sa.sin6_scope_id).into_pyobject(py)?.into_any()
+        let sin6 = raw.sin6();
+        (host, port, u32::from_be(sin6.sin6_flowinfo), sin6.sin6_scope_id).into_pyobject(py)?.into_any()
     };
     Ok(t.unbind())
+}
+
+/// A Unix sender's address as CPython's `makesockaddr` gives it on Linux:
+/// an abstract name (leading NUL) as bytes of the length the kernel
+/// reported, a path as a str decoded with the filesystem encoding up to
+/// its NUL (an unnamed sender reports no address at all: None, handled by
+/// the caller).
+fn source_unix(py: Python<'_>, raw: &mut RawAddr) -> PyResult<Py<PyAny>> {
+    let n = (raw.len as usize).saturating_sub(SUN_PATH_OFFSET).min(SUN_PATH_LEN);
+    let sun = raw.sun();
+    // SAFETY: sun_path holds SUN_PATH_LEN bytes.
+    let path = unsafe { std::slice::from_raw_parts(sun.sun_path.as_ptr() as *const u8, SUN_PATH_LEN) };
+    if n > 0 && path[0] == 0 {
+        return Ok(PyBytes::new(py, &path[..n]).into_any().unbind());
+    }
+    let end = path[..n].iter().position(|&b| b == 0).unwrap_or(n);
+    // SAFETY: a valid buffer of `end` bytes; a new reference or NULL.
+    unsafe {
+        let obj = pyo3::ffi::PyUnicode_DecodeFSDefaultAndSize(path.as_ptr() as *const libc::c_char, end as pyo3::ffi::Py_ssize_t);
+        Ok(Bound::from_owned_ptr_or_err(py, obj)?.unbind())
+    }
 }
 
 /// The bytes of a bytes-like object for one system call.
@@ -472,7 +574,7 @@ impl DatagramCore {
             // The loop's scratch buffer (re-derived: signal handlers may
             // have run Python code since the last attempt).
             let (buf, size) = self.loop_state().read_buf.scratch(py)?;
-            src.len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            src.len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             // SAFETY: the scratch buffer and address storage are sized.
             let n = unsafe {
                 libc::recvfrom(
@@ -480,7 +582,7 @@ impl DatagramCore {
                     buf as *mut _,
                     size.min(MAX_SIZE),
                     0,
-                    &mut src.sa as *mut libc::sockaddr_in6 as *mut libc::sockaddr,
+                    src.as_mut_ptr(),
                     &mut src.len,
                 )
             };
@@ -694,8 +796,8 @@ impl DatagramCore {
         let uv_loop = unsafe { (*loop_state).uv_loop() }.ok_or_else(|| PyRuntimeError::new_err("Event loop is closed"))?;
         let fd: i32 = sock.call_method0("fileno")?.extract()?;
         let family: i32 = sock.getattr("family")?.extract()?;
-        if family != libc::AF_INET && family != libc::AF_INET6 {
-            return Err(PyValueError::new_err("an AF_INET or AF_INET6 socket is required"));
+        if family != libc::AF_INET && family != libc::AF_INET6 && family != libc::AF_UNIX {
+            return Err(PyValueError::new_err("an AF_INET, AF_INET6 or AF_UNIX socket is required"));
         }
         let address = if address.is_truthy()? {
             let allowed = PyTuple::new(py, [py.None().into_bound(py), address.clone()])?;
