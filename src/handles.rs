@@ -448,19 +448,23 @@ struct HandlePool {
     offset: Cell<usize>,
     /// The class's `tp_dealloc` once the layout is known (see `dealloc`).
     dealloc: unsafe extern "C" fn(*mut ffi::PyObject),
+    /// At most this many freed objects are kept.
+    cap: usize,
 }
 
 // SAFETY: accessed with the GIL held only (the module declares gil_used).
 unsafe impl Sync for HandlePool {}
 
-/// Up to this many freed objects per class (2 MiB of handles): a thread
-/// feeding `call_soon_threadsafe` queues tens of thousands between two GIL
+/// Freed `Handle`s kept (2 MiB at most): a thread feeding
+/// `call_soon_threadsafe` queues tens of thousands between two GIL
 /// switches, and reuse skips pymalloc and the GC's allocation count.
-const POOL_CAP: usize = 32768;
+const HANDLE_POOL_CAP: usize = 32768;
+/// Freed `TimerHandle`s kept (768 KiB at most).
+const TIMER_HANDLE_POOL_CAP: usize = 8192;
 
 impl HandlePool {
-    const fn new(dealloc: unsafe extern "C" fn(*mut ffi::PyObject)) -> Self {
-        HandlePool { free: UnsafeCell::new(Vec::new()), offset: Cell::new(0), dealloc }
+    const fn new(dealloc: unsafe extern "C" fn(*mut ffi::PyObject), cap: usize) -> Self {
+        HandlePool { free: UnsafeCell::new(Vec::new()), offset: Cell::new(0), dealloc, cap }
     }
 
     /// A new, untracked object of `T` holding `value`; `make` is pyo3's
@@ -560,7 +564,7 @@ impl HandlePool {
     unsafe fn free(&self, obj: *mut std::ffi::c_void) {
         unsafe {
             let free = &mut *self.free.get();
-            if free.len() < POOL_CAP {
+            if free.len() < self.cap {
                 free.push(obj.cast());
             } else {
                 ffi::PyObject_GC_Del(obj);
@@ -569,8 +573,8 @@ impl HandlePool {
     }
 }
 
-static HANDLE_POOL: HandlePool = HandlePool::new(dealloc_handle);
-static TIMER_HANDLE_POOL: HandlePool = HandlePool::new(dealloc_timer_handle);
+static HANDLE_POOL: HandlePool = HandlePool::new(dealloc_handle, HANDLE_POOL_CAP);
+static TIMER_HANDLE_POOL: HandlePool = HandlePool::new(dealloc_timer_handle, TIMER_HANDLE_POOL_CAP);
 
 unsafe extern "C" fn dealloc_handle(obj: *mut ffi::PyObject) {
     unsafe { HANDLE_POOL.dealloc::<Handle>(obj) }
