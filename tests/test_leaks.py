@@ -496,3 +496,36 @@ def test_loop_collected_after_close(loop_factory):
     del lp
     gc.collect()
     assert ref() is None
+
+
+# -- cycles through a handle ----------------------------------------------------
+
+_holder_var = contextvars.ContextVar("holder")
+
+
+class _Holder:
+    handle = None
+
+
+@pytest.mark.parametrize("how", ["run", "cancelled", "timer cancelled", "timer run"])
+def test_cycle_through_a_handles_context_is_collected(loop, how):
+    # handle -> its context -> a variable's value -> the handle: once the loop
+    # lets go of the handle, only the cyclic GC can free the three.
+    def make():
+        holder = _Holder()
+        ctx = contextvars.copy_context()
+        ctx.run(_holder_var.set, holder)
+        if how.startswith("timer"):
+            holder.handle = loop.call_later(0 if how == "timer run" else 10, lambda: None, context=ctx)
+        else:
+            holder.handle = loop.call_soon(lambda: None, context=ctx)
+        if how.endswith("cancelled"):
+            holder.handle.cancel()
+        return weakref.ref(holder)
+
+    ref = make()
+    if how == "timer run":
+        run(loop, asyncio.sleep(0.01))
+    run_once(loop)
+    gc.collect()
+    assert ref() is None
