@@ -1,12 +1,13 @@
 //! `Handle` and `TimerHandle`: a scheduled callback and how it is called.
 //!
-//! A handle keeps its callback, up to three arguments inline, and the context
-//! to run in. While a loop queues a handle the handle is not tracked by the
-//! cyclic GC: the loop reports its references instead (LoopCore's
-//! `__traverse__`), so a million pending callbacks cost the GC nothing. A
-//! one-shot handle drops its callback as soon as it has run; when the loop
-//! lets go of a handle that somebody else still holds, the handle is tracked
-//! again (`release_handle`) and reports its context itself.
+//! A handle keeps its callback, its arguments in one word (see `Args`), and
+//! the context to run in, in 64 bytes; freed handles are kept for reuse by
+//! their class's `HandlePool`. While a loop queues a handle the handle is
+//! not tracked by the cyclic GC: the loop reports its references instead
+//! (LoopCore's `__traverse__`), so a million pending callbacks cost the GC
+//! nothing. A one-shot handle drops its callback as soon as it has run; when
+//! the loop lets go of a handle that somebody else still holds, the handle
+//! is tracked again (`release_handle`) and reports its context itself.
 
 use std::cell::{Cell, UnsafeCell};
 use std::collections::HashMap;
@@ -564,7 +565,8 @@ impl HandlePool {
     unsafe fn free(&self, obj: *mut std::ffi::c_void) {
         unsafe {
             let free = &mut *self.free.get();
-            if free.len() < self.cap {
+            // Kept only if `create` can reuse it (a known plain layout).
+            if free.len() < self.cap && self.offset.get() != usize::MAX {
                 free.push(obj.cast());
             } else {
                 ffi::PyObject_GC_Del(obj);
