@@ -18,7 +18,7 @@ use std::sync::{Mutex, OnceLock};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::{PyClass, PyTypeInfo};
+use pyo3::PyClass;
 use pyo3::types::PyTuple;
 use pyo3::{PyTraverseError, PyVisit};
 use smallvec::SmallVec;
@@ -187,7 +187,7 @@ pub(crate) struct HandleCore {
     context: NonNull<ffi::PyObject>,
     /// The context is a loop snapshot other handles may share (see context.rs).
     shared_context: bool,
-    /// Has a source traceback in `SOURCE_TRACEBACKS` (debug mode only).
+    /// Has a source traceback in `source_tracebacks()` (debug mode only).
     traced: bool,
     cancelled: bool,
     /// Reader, writer and signal handles run every time their event fires and
@@ -389,6 +389,12 @@ pub(crate) trait HasCore {
     unsafe fn core(&self) -> &mut HandleCore {
         unsafe { &mut *self.core_cell().get() }
     }
+
+    /// Records where the handle was created (debug mode).
+    fn set_source_traceback(&self, tb: Py<PyAny>) {
+        // SAFETY: GIL held; no other borrow of the core is live.
+        unsafe { self.core().set_source_traceback(tb) }
+    }
 }
 
 fn repr_of(py: Python<'_>, kind: &str, when: Option<f64>, core: &HandleCore) -> PyResult<String> {
@@ -438,14 +444,16 @@ fn untrack<T>(obj: &Bound<'_, T>) {
 
 /// Freed handles of one class kept for reuse, in place of pyo3's free list
 /// (whose lock and slot lookups were a tenth of `call_soon_threadsafe`'s
-/// cost). The class's `tp_free` puts objects here (`install_pools`);
-/// `create` takes them back and writes the new contents in place.
-/// GIL-protected: only touched from `tp_free` and `create`.
+/// cost). Once the first object has shown a plain layout, the class's
+/// `tp_dealloc` is `dealloc`, which puts objects here; `create` takes them
+/// back and writes the new contents in place. Until then (or for another
+/// layout) pyo3 makes and frees the objects and nothing is pooled.
+/// GIL-protected: only touched from `dealloc` and `create`.
 struct HandlePool {
     free: UnsafeCell<Vec<*mut ffi::PyObject>>,
     /// Where the Rust value starts in the object: 0 until the first object
     /// made by pyo3 shows it, `usize::MAX` if the layout is not the plain
-    /// one this relies on (then pyo3 makes and frees every object).
+    /// one this relies on.
     offset: Cell<usize>,
     /// The class's `tp_dealloc` once the layout is known (see `dealloc`).
     dealloc: unsafe extern "C" fn(*mut ffi::PyObject),
@@ -557,7 +565,7 @@ impl HandlePool {
         }
     }
 
-    /// `tp_free`: keep the object, or give it back to CPython.
+    /// Keeps a dead object for reuse, or gives it back to CPython.
     ///
     /// # Safety
     /// GIL held; `obj` is a dead object of the pool's class (contents dropped).
@@ -565,8 +573,7 @@ impl HandlePool {
     unsafe fn free(&self, obj: *mut std::ffi::c_void) {
         unsafe {
             let free = &mut *self.free.get();
-            // Kept only if `create` can reuse it (a known plain layout).
-            if free.len() < self.cap && self.offset.get() != usize::MAX {
+            if free.len() < self.cap {
                 free.push(obj.cast());
             } else {
                 ffi::PyObject_GC_Del(obj);
@@ -584,30 +591,6 @@ unsafe extern "C" fn dealloc_handle(obj: *mut ffi::PyObject) {
 
 unsafe extern "C" fn dealloc_timer_handle(obj: *mut ffi::PyObject) {
     unsafe { TIMER_HANDLE_POOL.dealloc::<TimerHandle>(obj) }
-}
-
-unsafe extern "C" fn free_handle(obj: *mut std::ffi::c_void) {
-    unsafe { HANDLE_POOL.free(obj) }
-}
-
-unsafe extern "C" fn free_timer_handle(obj: *mut std::ffi::c_void) {
-    unsafe { TIMER_HANDLE_POOL.free(obj) }
-}
-
-/// Points the handle classes' `tp_free` at their pools (at import, before
-/// any handle exists).
-pub(crate) fn install_pools(py: Python<'_>) {
-    // SAFETY: GIL held; the classes are ours, not subclassable, and have no
-    // instances yet.
-    unsafe {
-        for (tp, free) in [
-            (Handle::type_object_raw(py), free_handle as unsafe extern "C" fn(*mut std::ffi::c_void)),
-            (TimerHandle::type_object_raw(py), free_timer_handle),
-        ] {
-            (*tp).tp_free = Some(free);
-            ffi::PyType_Modified(tp);
-        }
-    }
 }
 
 /// A callback scheduled with `call_soon`, or a reader/writer/signal callback.
@@ -632,12 +615,6 @@ impl Handle {
     #[inline(always)]
     pub(crate) fn create(py: Python<'_>, core: HandleCore) -> PyResult<Bound<'_, Handle>> {
         HANDLE_POOL.create(py, Handle { core: UnsafeCell::new(core) }, |v| Bound::new(py, v))
-    }
-
-    /// Records where the handle was created (debug mode).
-    pub(crate) fn set_source_traceback(&self, tb: Py<PyAny>) {
-        // SAFETY: GIL held; no other borrow of the core is live.
-        unsafe { self.core().set_source_traceback(tb) }
     }
 
     /// Cancels from Rust (loop close, remove_reader).
@@ -741,12 +718,6 @@ impl TimerHandle {
     #[inline]
     pub(crate) fn is_cancelled(&self) -> bool {
         unsafe { self.core().cancelled }
-    }
-
-    /// Records where the handle was created (debug mode).
-    pub(crate) fn set_source_traceback(&self, tb: Py<PyAny>) {
-        // SAFETY: GIL held; no other borrow of the core is live.
-        unsafe { self.core().set_source_traceback(tb) }
     }
 
     /// Called by the heap when the handle leaves it.

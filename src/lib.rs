@@ -16,7 +16,6 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<eventloop::LoopCore>()?;
     m.add_class::<handles::Handle>()?;
     m.add_class::<handles::TimerHandle>()?;
-    handles::install_pools(m.py());
     m.add_class::<transport::stream::StreamCore>()?;
     m.add_class::<transport::udp::DatagramCore>()?;
     m.add_class::<transport::methods::CoreMethod>()?;

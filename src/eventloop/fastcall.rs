@@ -16,7 +16,7 @@ use pyo3::Borrowed;
 use pyo3::types::PyString;
 
 use super::LoopCore;
-use crate::handles::{Callback, Handle, HandleCore, Ready, TimerHandle};
+use crate::handles::{Callback, Handle, HandleCore, HasCore, Ready, TimerHandle};
 
 /// Where a call's arguments are, as vectorcall passes them.
 pub(super) struct FastArgs {
