@@ -9,6 +9,7 @@ import contextlib
 import gc
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -436,6 +437,22 @@ def numbered_chunks(block, count):
 
 
 # -- datagrams ---------------------------------------------------------------------
+
+
+def recording_socket(calls, family, type=socket.SOCK_DGRAM):
+    """A socket whose class overrides sendto and recvfrom, appending each
+    call's name to `calls` (a transport must call the socket's own methods)."""
+
+    class Recording(socket.socket):
+        def sendto(self, *args):
+            calls.append("sendto")
+            return super().sendto(*args)
+
+        def recvfrom(self, *args):
+            calls.append("recvfrom")
+            return super().recvfrom(*args)
+
+    return Recording(family, type)
 
 
 class DatagramRecorder(asyncio.DatagramProtocol):

@@ -16,7 +16,9 @@ import weakref
 
 import pytest
 
-from _support import TIMEOUT, DatagramRecorder, collect_exceptions, fd_count, ipv6_loopback_works, run, wait_until
+from _support import (
+    TIMEOUT, DatagramRecorder, collect_exceptions, fd_count, recording_socket, run, wait_until
+)
 from test_udp import close_and_wait, needs_ipv6, next_item, plain_udp, recv_plain
 
 PY313 = sys.version_info >= (3, 13)
@@ -367,17 +369,8 @@ def test_socket_subclass_methods_are_used(loop):
     calls them."""
     calls = []
 
-    class Recording(socket.socket):
-        def sendto(self, *args):
-            calls.append("sendto")
-            return super().sendto(*args)
-
-        def recvfrom(self, *args):
-            calls.append("recvfrom")
-            return super().recvfrom(*args)
-
     async def main():
-        sock = Recording(socket.AF_INET, socket.SOCK_DGRAM)
+        sock = recording_socket(calls, socket.AF_INET)
         sock.bind(("127.0.0.1", 0))
         t, p = await loop.create_datagram_endpoint(DatagramRecorder, sock=sock)
         peer = plain_udp()

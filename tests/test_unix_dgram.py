@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from _support import TIMEOUT, DatagramRecorder, collect_exceptions, fd_count, payload, run, wait_until
+from _support import TIMEOUT, DatagramRecorder, collect_exceptions, fd_count, payload, recording_socket, run, wait_until
 from test_udp import (
     close_and_wait,
     drain_unix_peer,
@@ -86,18 +86,9 @@ def test_transport_is_native(loop, sock_dir):
 def test_socket_subclass_methods_are_used(loop, sock_dir):
     calls = []
 
-    class Recording(socket.socket):
-        def sendto(self, *args):
-            calls.append("sendto")
-            return super().sendto(*args)
-
-        def recvfrom(self, *args):
-            calls.append("recvfrom")
-            return super().recvfrom(*args)
-
     async def main():
         path = os.path.join(sock_dir, "recording")
-        sock = Recording(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock = recording_socket(calls, socket.AF_UNIX)
         sock.bind(path)
         t, p = await loop.create_datagram_endpoint(DatagramRecorder, sock=sock)
         peer_path = os.path.join(sock_dir, "peer")

@@ -17,7 +17,7 @@ import sys
 from asyncio import constants, futures, transports, trsock
 from asyncio.log import logger
 
-from ._fdtransport import FdReadingMixin, socket_extra
+from ._fdtransport import FdReadingMixin, report_error, socket_extra
 from ._zuvrs import DatagramCore
 
 __all__ = ("DatagramTransport", "FdDatagramTransport", "make_datagram_transport")
@@ -113,13 +113,7 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
         self._core._force_close(exc)
 
     def _fatal_error(self, exc, message="Fatal error on transport"):
-        if isinstance(exc, OSError):
-            if self._loop.get_debug():
-                logger.debug("%r: %s", self, message, exc_info=True)
-        else:
-            self._loop.call_exception_handler(
-                {"message": message, "exception": exc, "transport": self, "protocol": self._protocol}
-            )
+        report_error(self, exc, message, self._protocol, isinstance(exc, OSError))
         self._core._force_close(exc)
 
     def _read_ready(self):

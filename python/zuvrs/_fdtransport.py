@@ -3,7 +3,20 @@ fd through the loop's fd watchers, protocol access and error reports."""
 
 from asyncio.log import logger
 
-__all__ = ("FdTransportMixin", "FdReadingMixin", "socket_extra")
+__all__ = ("FdTransportMixin", "FdReadingMixin", "report_error", "socket_extra")
+
+
+def report_error(transport, exc, message, protocol, quiet=False):
+    """asyncio's report of a transport's error: expected OS errors (`quiet`)
+    are only logged in debug mode, anything else goes to the exception
+    handler. For a fatal error the caller then closes the transport."""
+    if quiet:
+        if transport._loop.get_debug():
+            logger.debug("%r: %s", transport, message, exc_info=True)
+    else:
+        transport._loop.call_exception_handler(
+            {"message": message, "exception": exc, "transport": transport, "protocol": protocol}
+        )
 
 
 def socket_extra(extra, sock):
@@ -52,16 +65,7 @@ class FdTransportMixin:
                 self._loop._clear_fd_handler(self._fd, True)
 
     def _report_fatal(self, exc, message, quiet):
-        """asyncio's fatal-error report: expected OS errors (`quiet`) are
-        only logged in debug mode, anything else goes to the exception
-        handler. The caller then closes the transport."""
-        if quiet:
-            if self._loop.get_debug():
-                logger.debug("%r: %s", self, message, exc_info=True)
-        else:
-            self._loop.call_exception_handler(
-                {"message": message, "exception": exc, "transport": self, "protocol": self._protocol}
-            )
+        report_error(self, exc, message, self._protocol, quiet)
 
 
 class FdReadingMixin(FdTransportMixin):

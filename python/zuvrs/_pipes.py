@@ -15,7 +15,7 @@ from asyncio import constants, futures, transports
 from asyncio.log import logger
 
 from . import _zuvrs
-from ._fdtransport import FdReadingMixin, FdTransportMixin
+from ._fdtransport import FdReadingMixin, FdTransportMixin, report_error
 from ._zuvrs import read_fd
 
 _CoreMethod = _zuvrs.CoreMethod
@@ -92,19 +92,13 @@ class _StreamPipeTransport:
         return self._core.get_protocol()
 
     def _report_error(self, message, exc):
-        self._loop.call_exception_handler(
-            {"message": message, "exception": exc, "transport": self, "protocol": self._core.get_protocol()}
-        )
+        report_error(self, exc, message, self._core.get_protocol())
 
     def _quiet_error(self, exc):
         return isinstance(exc, OSError)
 
     def _fatal_error(self, exc, message="Fatal error on pipe transport"):
-        if self._quiet_error(exc):
-            if self._loop.get_debug():
-                logger.debug("%r: %s", self, message, exc_info=True)
-        else:
-            self._report_error(message, exc)
+        report_error(self, exc, message, self._core.get_protocol(), self._quiet_error(exc))
         self._core._force_close(exc)
 
     def _call_connection_lost(self, exc):

@@ -11,10 +11,9 @@ import asyncio
 import os
 import socket
 from asyncio import constants, futures, protocols, transports, trsock
-from asyncio.log import logger
 
 from . import _zuvrs
-from ._fdtransport import socket_extra
+from ._fdtransport import report_error, socket_extra
 from ._server import NATIVE_CLIENT_TRACKING, Server
 
 __all__ = ("SocketTransport",)
@@ -190,22 +189,11 @@ class SocketTransport(transports._FlowControlMixin):
         self._protocol_connected = True
 
     def _fatal_error(self, exc, message="Fatal error on transport"):
-        if isinstance(exc, OSError):
-            if self._loop.get_debug():
-                logger.debug("%r: %s", self, message, exc_info=True)
-        else:
-            self._report_error(message, exc)
+        report_error(self, exc, message, self._core.get_protocol(), isinstance(exc, OSError))
         self._core._force_close(exc)
 
     def _report_error(self, message, exc):
-        self._loop.call_exception_handler(
-            {
-                "message": message,
-                "exception": exc,
-                "transport": self,
-                "protocol": self._core.get_protocol(),
-            }
-        )
+        report_error(self, exc, message, self._core.get_protocol())
 
     def _call_connection_lost(self, exc):
         try:
