@@ -11,6 +11,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyModule, PyString, PyTuple};
+use smallvec::SmallVec;
 
 use super::fastcall::FastArgs;
 use super::LoopCore;
@@ -65,18 +66,23 @@ pub(super) unsafe fn create_task(py: Python<'_>, slf: *mut ffi::PyObject, a: &Fa
             return create_task_slow(py, slf, a);
         }
         let task_type = asyncio_parts(py)?.0.bind(py).getattr(pyo3::intern!(py, "Task"))?;
-        // Task(coro, loop=self, <the caller's keywords>)
+        // Task(coro, loop=self, <the caller's keywords>); the usual call has
+        // no keywords and allocates nothing here.
         let nkw = a.nkw();
-        let mut args: Vec<*mut ffi::PyObject> = Vec::with_capacity(nkw + 2);
+        let mut args: SmallVec<[*mut ffi::PyObject; 4]> = SmallVec::with_capacity(nkw + 2);
         args.push(a.arg(0));
         args.push(slf);
-        let mut names: Vec<Bound<'_, PyString>> = Vec::with_capacity(nkw + 1);
-        names.push(pyo3::intern!(py, "loop").clone());
-        for i in 0..nkw {
-            args.push(a.arg(1 + i));
-            names.push(Bound::from_borrowed_ptr(py, ffi::PyTuple_GET_ITEM(a.kwnames, i as ffi::Py_ssize_t)).cast_into_unchecked());
-        }
-        let kwnames = if nkw == 0 { loop_only(py).clone() } else { PyTuple::new(py, names)? };
+        let kwnames = if nkw == 0 {
+            loop_only(py).clone()
+        } else {
+            let mut names: SmallVec<[Bound<'_, PyString>; 3]> = SmallVec::with_capacity(nkw + 1);
+            names.push(pyo3::intern!(py, "loop").clone());
+            for i in 0..nkw {
+                args.push(a.arg(1 + i));
+                names.push(Bound::from_borrowed_ptr(py, ffi::PyTuple_GET_ITEM(a.kwnames, i as ffi::Py_ssize_t)).cast_into_unchecked());
+            }
+            PyTuple::new(py, names)?
+        };
         let r = ffi::PyObject_Vectorcall(task_type.as_ptr(), args.as_ptr(), 1, kwnames.as_ptr());
         if r.is_null() {
             Err(PyErr::fetch(py))
