@@ -18,6 +18,8 @@ Floors (each sample is a fresh process, as for the loops):
 * ``pipe_output/pipe``: the workload's child writes the same bytes to a real
   pipe (1 MiB, as zuvrs widens it) that is read with blocking
   ``os.read(fd, 256 KiB)`` until EOF, child start included as in the workload.
+* ``pipe_output/pipe_default``: the same with the pipe at the kernel's
+  default size (64 KiB on Linux).
 * ``pipe_output/socketpair``: the same through a Unix socketpair (what uvloop
   gives a child; the spec asks for real pipes).
 """
@@ -45,7 +47,7 @@ MARKER = compare.MARKER
 #: workload -> (loop workload name, size, floor variants)
 WORKLOADS = {
     "spawn": ("subprocess_spawn", 500, ("posix_spawn", "Popen")),
-    "pipe_output": ("subprocess_pipe_output", 256, ("pipe", "socketpair")),
+    "pipe_output": ("subprocess_pipe_output", 256, ("pipe", "pipe_default", "socketpair")),
 }
 
 
@@ -69,9 +71,9 @@ def floor_spawn(variant: str, n: int) -> float:
 def floor_pipe_output(variant: str, mib: int) -> float:
     total = mib * workloads.MIB
     t0 = time.perf_counter()
-    if variant == "pipe":
+    if variant in ("pipe", "pipe_default"):
         rfd, wfd = os.pipe()
-        if hasattr(fcntl, "F_SETPIPE_SZ"):
+        if variant == "pipe" and hasattr(fcntl, "F_SETPIPE_SZ"):
             fcntl.fcntl(rfd, fcntl.F_SETPIPE_SZ, 1024 * 1024)
     else:
         a, b = socket.socketpair()
