@@ -10,6 +10,7 @@ leak of one small object per callback would cost over the measured volume
 import asyncio
 import contextvars
 import gc
+import os
 import signal
 import socket
 import sys
@@ -496,6 +497,61 @@ def test_loop_collected_after_close(loop_factory):
     del lp
     gc.collect()
     assert ref() is None
+
+
+async def _every_kind_of_io(tmp_path):
+    """Tasks, a child process, TCP, UDP, Unix datagrams and a pipe, each
+    opened and closed."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(0)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "print('x')", stdout=asyncio.subprocess.PIPE)
+    assert (await proc.communicate())[0].strip() == b"x"
+
+    async def serve(reader, writer):
+        writer.write(await reader.read(10))
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+    writer.write(b"ping")
+    assert await reader.read() == b"ping"
+    writer.close()
+    await writer.wait_closed()
+    server.close()
+    await server.wait_closed()
+    for kw in ({"local_addr": ("127.0.0.1", 0)},
+               {"local_addr": str(tmp_path / "dgram"), "family": socket.AF_UNIX}):
+        transport, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol, **kw)
+        transport.close()
+    rfd, wfd = os.pipe()
+    with open(rfd, "rb", buffering=0) as r, open(wfd, "wb", buffering=0) as w:
+        rt, _ = await loop.connect_read_pipe(asyncio.Protocol, r)
+        wt, _ = await loop.connect_write_pipe(asyncio.Protocol, w)
+        wt.close()
+        rt.close()
+    await asyncio.sleep(0.01)  # connection_lost callbacks
+
+
+def test_closed_loop_freed_without_cyclic_gc(loop_factory, tmp_path):
+    # asyncio's loops and transports let go of one another when they close,
+    # so a closed loop goes with its last reference, as here. The cyclic GC
+    # is off throughout, so that no cycle is collected behind the test's back.
+    gc.collect()
+    gc.disable()
+    try:
+        lp = loop_factory()
+        lp.run_until_complete(_every_kind_of_io(tmp_path))
+        lp.run_until_complete(lp.shutdown_asyncgens())
+        lp.close()
+        ref = weakref.ref(lp)
+        del lp
+        alive = ref()
+        holders = [type(r).__name__ for r in gc.get_referrers(alive)] if alive is not None else []
+        alive = None
+    finally:
+        gc.enable()
+    assert ref() is None, f"held by {holders}"
 
 
 # -- cycles through a handle ----------------------------------------------------

@@ -38,6 +38,45 @@ def test_future_done_callbacks_run_via_loop(loop):
     assert calls == [("cb", 1)]
 
 
+async def _two_steps():
+    await asyncio.sleep(0)
+    return "done"
+
+
+def test_tasks_schedule_through_a_subclass_call_soon(loop_factory):
+    # asyncio's Task and Future call the loop's call_soon: a subclass that
+    # defines its own sees every step and done callback.
+    seen = []
+
+    class Counting(loop_type(loop_factory)):
+        def call_soon(self, callback, *args, context=None):
+            seen.append(callback)
+            return super().call_soon(callback, *args, context=context)
+
+    lp = Counting()
+    try:
+        task = lp.create_task(_two_steps())
+        task.add_done_callback(lambda t: None)
+        assert lp.run_until_complete(task) == "done"
+        # the first step, the step after sleep(0), the done callback
+        assert len(seen) >= 3
+    finally:
+        lp.close()
+
+
+def test_tasks_schedule_through_a_patched_call_soon(loop):
+    # mock.patch.object(loop, "call_soon") replaces it for asyncio's C Task
+    # too, and the loop works as before once the patch is undone.
+    from unittest import mock
+
+    with mock.patch.object(loop, "call_soon", wraps=loop.call_soon) as patched:
+        assert run(loop, _two_steps()) == "done"
+    calls_then = patched.call_count
+    assert calls_then >= 2
+    assert run(loop, _two_steps()) == "done"
+    assert patched.call_count == calls_then  # the patch is gone
+
+
 def test_create_task(loop):
     async def coro():
         await asyncio.sleep(0)

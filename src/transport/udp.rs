@@ -558,6 +558,9 @@ impl DatagramCore {
 
     /// `wrapper._fatal_error(exc, message)`.
     fn fatal_error(&self, py: Python<'_>, exc: PyErr, message: &str) -> PyResult<()> {
+        if unsafe { self.st().wrapper.is_none(py) } {
+            return Ok(()); // the transport has finished: a late write is dropped
+        }
         self.wrapper(py).call_method1(py, pyo3::intern!(py, "_fatal_error"), (exc.into_value(py), message))?;
         Ok(())
     }
@@ -1012,10 +1015,14 @@ impl DatagramCore {
         drop(old);
     }
 
-    /// Drops the protocol (after connection_lost).
-    fn _forget_protocol(&self) {
-        let old = unsafe { self.st().protocol.take() };
+    /// Drops the protocol; once connection_lost has run (`transport`),
+    /// the transport too, which breaks the transport <-> core cycle.
+    fn _forget_protocol(&self, py: Python<'_>, transport: bool) {
+        let st = unsafe { self.st() };
+        let old = st.protocol.take();
+        let wrapper = transport.then(|| std::mem::replace(&mut st.wrapper, py.None()));
         drop(old);
+        drop(wrapper);
     }
 
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
