@@ -8,6 +8,7 @@
 
 use std::ffi::CStr;
 use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
@@ -17,6 +18,31 @@ use pyo3::types::PyString;
 
 use super::LoopCore;
 use crate::handles::{Callback, Handle, HandleCore, HasCore, Ready, TimerHandle};
+
+/// A `"context"` string that is not the interned one: asyncio's C Task and
+/// Future pass their own (`Py_BuildValue`) for every callback they
+/// schedule, which identity then recognises without comparing text. It is
+/// kept alive (one reference, never released) so that its address cannot
+/// be reused by another object.
+static CONTEXT_ALIAS: AtomicPtr<ffi::PyObject> = AtomicPtr::new(ptr::null_mut());
+
+/// Whether `name` spells "context"; remembers the first such object that
+/// is not the interned string as `CONTEXT_ALIAS`.
+#[cold]
+unsafe fn is_context_alias(name: *mut ffi::PyObject) -> bool {
+    unsafe {
+        if ffi::PyUnicode_CompareWithASCIIString(name, c"context".as_ptr()) != 0 {
+            return false;
+        }
+        // Exact str only: a subclass could change under us. The GIL
+        // serialises this store.
+        if ffi::PyUnicode_CheckExact(name) != 0 && CONTEXT_ALIAS.load(Ordering::Relaxed).is_null() {
+            ffi::Py_INCREF(name);
+            CONTEXT_ALIAS.store(name, Ordering::Relaxed);
+        }
+        true
+    }
+}
 
 /// Where a call's arguments are, as vectorcall passes them.
 pub(super) struct FastArgs {
@@ -59,12 +85,13 @@ impl FastArgs {
                 return Ok(None);
             }
             let n = ffi::PyTuple_GET_SIZE(self.kwnames) as usize;
-            // Keyword names are usually interned: try identity first.
+            // Keyword names from Python code are interned: try identity
+            // first, then the other "context" object seen before.
             let interned = pyo3::intern!(py, "context").as_ptr();
             let mut ctx = None;
             for i in 0..n {
                 let name = ffi::PyTuple_GET_ITEM(self.kwnames, i as ffi::Py_ssize_t);
-                if name == interned || ffi::PyUnicode_CompareWithASCIIString(name, c"context".as_ptr()) == 0 {
+                if name == interned || name == CONTEXT_ALIAS.load(Ordering::Relaxed) || is_context_alias(name) {
                     let v = *self.args.add(self.nargs + i);
                     ctx = if v == ffi::Py_None() { None } else { Some(v) };
                 } else {
