@@ -305,11 +305,9 @@ class FdDatagramTransport(FdReadingMixin, transports._FlowControlMixin, asyncio.
         try:
             self._protocol.connection_lost(exc)
         finally:
-            self._release(True)
+            self._release()
 
-    def _release(self, finished=False):
-        """Close the fd and forget the protocol; `finished` (connection_lost
-        has run) lets the core forget this transport as well."""
+    def _release(self):
         sock, self._sock = self._sock, None
         if sock is None:
             return
