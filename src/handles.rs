@@ -476,18 +476,16 @@ impl HandlePool {
         HandlePool { free: UnsafeCell::new(Vec::new()), offset: Cell::new(0), dealloc, cap }
     }
 
-    /// A new, untracked object of `T` holding `value`; `make` is pyo3's
-    /// way (`Bound::new`), used until the layout is known.
+    /// A new, untracked object of `T` holding `value`; pyo3 makes it
+    /// (`Bound::new`) until the layout is known.
     #[inline(always)]
-    fn create<'py, T: PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync>(
-        &self,
-        py: Python<'py>,
-        value: T,
-        make: impl FnOnce(T) -> PyResult<Bound<'py, T>>,
-    ) -> PyResult<Bound<'py, T>> {
+    fn create<'py, T>(&self, py: Python<'py>, value: T) -> PyResult<Bound<'py, T>>
+    where
+        T: PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync + Into<pyo3::PyClassInitializer<T>>,
+    {
         let offset = self.offset.get();
         if offset == 0 || offset == usize::MAX {
-            let obj = make(value)?;
+            let obj = Bound::new(py, value)?;
             untrack(&obj);
             if offset == 0 {
                 self.learn_layout::<T>(&obj);
@@ -614,7 +612,7 @@ impl HasCore for Handle {
 impl Handle {
     #[inline(always)]
     pub(crate) fn create(py: Python<'_>, core: HandleCore) -> PyResult<Bound<'_, Handle>> {
-        HANDLE_POOL.create(py, Handle { core: UnsafeCell::new(core) }, |v| Bound::new(py, v))
+        HANDLE_POOL.create(py, Handle { core: UnsafeCell::new(core) })
     }
 
     /// Cancels from Rust (loop close, remove_reader).
@@ -711,7 +709,6 @@ impl TimerHandle {
                 scheduled: Cell::new(true),
                 book: SharedBook(book.clone()),
             },
-            |v| Bound::new(py, v),
         )
     }
 

@@ -76,6 +76,12 @@ const SUN_PATH_OFFSET: usize = std::mem::size_of::<libc::sa_family_t>();
 /// The size of `sun_path`.
 const SUN_PATH_LEN: usize = std::mem::size_of::<libc::sockaddr_un>() - SUN_PATH_OFFSET;
 
+/// The socket address types a `RawAddr` holds.
+trait SockAddr {}
+impl SockAddr for libc::sockaddr_in {}
+impl SockAddr for libc::sockaddr_in6 {}
+impl SockAddr for libc::sockaddr_un {}
+
 impl RawAddr {
     fn zeroed() -> Self {
         // SAFETY: plain C data, valid when zeroed.
@@ -94,19 +100,16 @@ impl RawAddr {
         self.sa.ss_family as i32
     }
 
-    fn sin(&mut self) -> &mut libc::sockaddr_in {
-        // SAFETY: a sockaddr_in is a prefix of the storage, alignment included.
-        unsafe { &mut *(self.as_mut_ptr() as *mut libc::sockaddr_in) }
+    /// The storage as one of the socket address types.
+    fn view<T: SockAddr>(&self) -> &T {
+        // SAFETY: every SockAddr type is a prefix of the storage, alignment
+        // included, and valid for any bytes.
+        unsafe { &*(self.as_ptr() as *const T) }
     }
 
-    fn sin6(&mut self) -> &mut libc::sockaddr_in6 {
-        // SAFETY: as sin().
-        unsafe { &mut *(self.as_mut_ptr() as *mut libc::sockaddr_in6) }
-    }
-
-    fn sun(&mut self) -> &mut libc::sockaddr_un {
-        // SAFETY: as sin().
-        unsafe { &mut *(self.as_mut_ptr() as *mut libc::sockaddr_un) }
+    fn view_mut<T: SockAddr>(&mut self) -> &mut T {
+        // SAFETY: as view().
+        unsafe { &mut *(self.as_mut_ptr() as *mut T) }
     }
 
     fn bytes(&self) -> &[u8] {
@@ -241,7 +244,7 @@ fn parse_address(addr: &Bound<'_, PyAny>, family: i32) -> Option<RawAddr> {
             return None;
         }
         let port = small_int(&t.get_item(1).ok()?, 0, 0xffff)?;
-        let sin = raw.sin();
+        let sin = raw.view_mut::<libc::sockaddr_in>();
         if !numeric_host(&t.get_item(0).ok()?, family, &mut sin.sin_addr as *mut _ as *mut libc::c_void) {
             return None;
         }
@@ -255,7 +258,7 @@ fn parse_address(addr: &Bound<'_, PyAny>, family: i32) -> Option<RawAddr> {
         let port = small_int(&t.get_item(1).ok()?, 0, 0xffff)?;
         let flowinfo = if t.len() > 2 { small_int(&t.get_item(2).ok()?, 0, 0xfffff)? } else { 0 };
         let scope_id = if t.len() > 3 { small_int(&t.get_item(3).ok()?, 0, u32::MAX as i64)? } else { 0 };
-        let sin6 = raw.sin6();
+        let sin6 = raw.view_mut::<libc::sockaddr_in6>();
         if !numeric_host(&t.get_item(0).ok()?, family, &mut sin6.sin6_addr as *mut _ as *mut libc::c_void) {
             return None;
         }
@@ -297,7 +300,7 @@ fn parse_unix_address(addr: &Bound<'_, PyAny>) -> Option<RawAddr> {
         return None;
     }
     let mut raw = RawAddr::zeroed();
-    let sun = raw.sun();
+    let sun = raw.view_mut::<libc::sockaddr_un>();
     sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
     for (dst, src) in sun.sun_path.iter_mut().zip(path) {
         *dst = *src as libc::c_char;
@@ -312,16 +315,15 @@ fn parse_unix_address(addr: &Bound<'_, PyAny>) -> Option<RawAddr> {
 /// for a Unix socket its path (a str) or abstract name (bytes).
 fn source_tuple(py: Python<'_>, raw: &RawAddr) -> PyResult<Py<PyAny>> {
     let family = raw.family();
-    let mut raw = *raw;
     if family == libc::AF_UNIX {
-        return source_unix(py, &mut raw);
+        return source_unix(py, raw);
     }
     let mut text = [0 as libc::c_char; 64];
     let (src, port) = if family == libc::AF_INET {
-        let sin = raw.sin();
+        let sin = raw.view::<libc::sockaddr_in>();
         (&sin.sin_addr as *const _ as *const libc::c_void, u16::from_be(sin.sin_port))
     } else if family == libc::AF_INET6 {
-        let sin6 = raw.sin6();
+        let sin6 = raw.view::<libc::sockaddr_in6>();
         (&sin6.sin6_addr as *const _ as *const libc::c_void, u16::from_be(sin6.sin6_port))
     } else {
         return Ok(py.None());
@@ -336,7 +338,7 @@ fn source_tuple(py: Python<'_>, raw: &RawAddr) -> PyResult<Py<PyAny>> {
     let t = if family == libc::AF_INET {
         (host, port).into_pyobject(py)?.into_any()
     } else {
-        let sin6 = raw.sin6();
+        let sin6 = raw.view::<libc::sockaddr_in6>();
         (host, port, u32::from_be(sin6.sin6_flowinfo), sin6.sin6_scope_id).into_pyobject(py)?.into_any()
     };
     Ok(t.unbind())
@@ -347,9 +349,9 @@ fn source_tuple(py: Python<'_>, raw: &RawAddr) -> PyResult<Py<PyAny>> {
 /// reported, a path as a str decoded with the filesystem encoding up to
 /// its NUL (an unnamed sender reports no address at all: None, handled by
 /// the caller).
-fn source_unix(py: Python<'_>, raw: &mut RawAddr) -> PyResult<Py<PyAny>> {
+fn source_unix(py: Python<'_>, raw: &RawAddr) -> PyResult<Py<PyAny>> {
     let n = (raw.len as usize).saturating_sub(SUN_PATH_OFFSET).min(SUN_PATH_LEN);
-    let sun = raw.sun();
+    let sun = raw.view::<libc::sockaddr_un>();
     // SAFETY: sun_path holds SUN_PATH_LEN bytes.
     let path = unsafe { std::slice::from_raw_parts(sun.sun_path.as_ptr() as *const u8, SUN_PATH_LEN) };
     if n > 0 && path[0] == 0 {
