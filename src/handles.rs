@@ -457,6 +457,10 @@ struct HandlePool {
     offset: Cell<usize>,
     /// The class's `tp_dealloc` once the layout is known (see `dealloc`).
     dealloc: unsafe extern "C" fn(*mut ffi::PyObject),
+    /// Whether fresh objects are allocated here rather than by
+    /// `PyObject_GC_New` (see `alloc_fresh`): set with `offset` when CPython
+    /// is seen to put exactly a `PyGC_Head` before a GC object.
+    own_alloc: Cell<bool>,
     /// At most this many freed objects are kept.
     cap: usize,
 }
@@ -473,7 +477,7 @@ const TIMER_HANDLE_POOL_CAP: usize = 8192;
 
 impl HandlePool {
     const fn new(dealloc: unsafe extern "C" fn(*mut ffi::PyObject), cap: usize) -> Self {
-        HandlePool { free: UnsafeCell::new(Vec::new()), offset: Cell::new(0), dealloc, cap }
+        HandlePool { free: UnsafeCell::new(Vec::new()), offset: Cell::new(0), dealloc, own_alloc: Cell::new(false), cap }
     }
 
     /// A new, untracked object of `T` holding `value`; pyo3 makes it
@@ -505,17 +509,51 @@ impl HandlePool {
                     ffi::PyObject_Init(obj, tp);
                     obj
                 }
-                None => {
-                    // Untracked and not zeroed (the value is written whole).
-                    let obj = ffi::PyObject_GC_New::<ffi::PyObject>(tp);
-                    if obj.is_null() {
-                        return Err(PyErr::fetch(py));
-                    }
-                    obj
-                }
+                None => self.alloc_fresh(py, tp)?,
             };
             ptr::write((obj as *mut u8).add(offset) as *mut T, value);
             Ok(Bound::from_owned_ptr(py, obj).cast_into_unchecked())
+        }
+    }
+
+    /// A new, untracked, uninitialised object of the pool's class.
+    ///
+    /// `PyObject_GC_New` counts every GC object it makes towards the next
+    /// collection, and only `PyObject_GC_Del` takes the count back. A burst
+    /// of queued handles (a thread feeding `call_soon_threadsafe`, a batch of
+    /// timers) made that way set off a collection every 700 handles, and a
+    /// full one every 70,000, although queued handles are never tracked and
+    /// no collection can find anything in them. When CPython's layout allows
+    /// (`own_alloc`), the object is allocated here as `PyObject_GC_New` would,
+    /// PyGC_Head zeroed (untracked), but uncounted; `free` releases it the
+    /// same way. A handle that is tracked later (`release_handle`) is an
+    /// ordinary GC object from then on, and is untracked again before it dies.
+    ///
+    /// # Safety
+    /// GIL held; `tp` is the pool's class and its layout is known.
+    #[inline(always)]
+    unsafe fn alloc_fresh(&self, py: Python<'_>, tp: *mut ffi::PyTypeObject) -> PyResult<*mut ffi::PyObject> {
+        unsafe {
+            let obj = if self.own_alloc.get() {
+                let size = GC_HEAD_SIZE + (*tp).tp_basicsize as usize;
+                let mem = ffi::PyObject_Malloc(size) as *mut usize;
+                if mem.is_null() {
+                    return Err(pyo3::exceptions::PyMemoryError::new_err(()));
+                }
+                // PyGC_Head { _gc_next, _gc_prev } = 0: not tracked.
+                mem.write(0);
+                mem.add(1).write(0);
+                let obj = mem.byte_add(GC_HEAD_SIZE) as *mut ffi::PyObject;
+                ffi::PyObject_Init(obj, tp);
+                obj
+            } else {
+                // Untracked and not zeroed (the value is written whole).
+                ffi::PyObject_GC_New::<ffi::PyObject>(tp)
+            };
+            if obj.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            Ok(obj)
         }
     }
 
@@ -530,6 +568,7 @@ impl HandlePool {
         let basic = unsafe { (*ffi::Py_TYPE(obj.as_ptr())).tp_basicsize } as usize;
         let plain = value > start && value - start + std::mem::size_of::<T>() == basic;
         self.offset.set(if plain { value - start } else { usize::MAX });
+        self.own_alloc.set(plain && gc_header_size(obj.as_any()) == Some(GC_HEAD_SIZE));
         if plain {
             // SAFETY: GIL held; our class, and `dealloc` handles every object
             // of this layout (the one pyo3 made included).
@@ -573,11 +612,27 @@ impl HandlePool {
             let free = &mut *self.free.get();
             if free.len() < self.cap {
                 free.push(obj.cast());
+            } else if self.own_alloc.get() {
+                // Untracked (see `dealloc`): the header is all there is to free.
+                ffi::PyObject_Free(obj.byte_sub(GC_HEAD_SIZE));
             } else {
                 ffi::PyObject_GC_Del(obj);
             }
         }
     }
+}
+
+/// Size of CPython's `PyGC_Head` (two words) on the builds whose layout
+/// `alloc_fresh` relies on.
+const GC_HEAD_SIZE: usize = 2 * std::mem::size_of::<usize>();
+
+/// How many bytes CPython keeps before a GC object, as `sys.getsizeof`
+/// reports them (it adds them to `__sizeof__`); None if either fails.
+fn gc_header_size(obj: &Bound<'_, PyAny>) -> Option<usize> {
+    let py = obj.py();
+    let total: usize = py.import("sys").ok()?.getattr("getsizeof").ok()?.call1((obj,)).ok()?.extract().ok()?;
+    let own: usize = obj.call_method0("__sizeof__").ok()?.extract().ok()?;
+    total.checked_sub(own)
 }
 
 static HANDLE_POOL: HandlePool = HandlePool::new(dealloc_handle, HANDLE_POOL_CAP);
