@@ -568,7 +568,10 @@ impl HandlePool {
         let basic = unsafe { (*ffi::Py_TYPE(obj.as_ptr())).tp_basicsize } as usize;
         let plain = value > start && value - start + std::mem::size_of::<T>() == basic;
         self.offset.set(if plain { value - start } else { usize::MAX });
-        self.own_alloc.set(plain && gc_header_size(obj.as_any()) == Some(GC_HEAD_SIZE));
+        // Free-threaded builds keep GC objects in a heap of their own, where
+        // the collector finds them; there only PyObject_GC_New will do.
+        let gc_heap_apart = cfg!(Py_GIL_DISABLED);
+        self.own_alloc.set(plain && !gc_heap_apart && gc_header_size(obj.as_any()) == Some(GC_HEAD_SIZE));
         if plain {
             // SAFETY: GIL held; our class, and `dealloc` handles every object
             // of this layout (the one pyo3 made included).
