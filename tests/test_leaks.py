@@ -623,3 +623,29 @@ def test_a_burst_of_queued_handles_sets_off_no_collection(loop, loop_name, how):
     run(loop, asyncio.sleep(0.01))
     assert ran == n
     assert _collections() == before
+
+
+def test_cycles_through_many_held_handles_are_collected(loop):
+    # More handles than zuvrs keeps for reuse (32,768), all held by the test
+    # after the loop lets go of them, so that newly allocated handles are
+    # tracked again, form cycles, and are then freed, some into the pool and
+    # the rest back to the allocator.
+    n = 40_000
+    ran = 0
+
+    def cb():
+        nonlocal ran
+        ran += 1
+
+    holders = []
+    for _ in range(n):
+        holder = _Holder()
+        ctx = contextvars.copy_context()
+        ctx.run(_holder_var.set, holder)
+        holder.handle = loop.call_soon(cb, context=ctx)
+        holders.append(weakref.ref(holder))
+    del holder, ctx
+    run_once(loop)
+    assert ran == n
+    gc.collect()
+    assert sum(ref() is not None for ref in holders) == 0
