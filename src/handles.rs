@@ -498,10 +498,10 @@ impl HandlePool {
         }
         // SAFETY: GIL held. A pooled object is a freed, untracked `T` whose
         // contents were dropped; PyObject_Init makes it live again (refcount
-        // 1, a reference to its type, which pyo3's tp_dealloc let go of). A
-        // fresh one comes from CPython's GC allocator, as the type's default
-        // tp_alloc would, and is freed by PyObject_GC_Del. The layout check
-        // in learn_layout makes `offset` the place of the whole Rust value.
+        // 1, a reference to its type, which `dealloc` let go of). A fresh
+        // one comes from `alloc_fresh` and goes back through `free`. The
+        // layout check in learn_layout makes `offset` the place of the whole
+        // Rust value.
         unsafe {
             let tp = T::type_object_raw(py);
             let obj = match (*self.free.get()).pop() {

@@ -313,7 +313,7 @@ fn parse_unix_address(addr: &Bound<'_, PyAny>) -> Option<RawAddr> {
 /// A sender's address as `socket.recvfrom` gives it: (host, port) or
 /// (host, port, flowinfo, scope_id), the host as `inet_ntop` prints it;
 /// for a Unix socket its path (a str) or abstract name (bytes).
-fn source_tuple(py: Python<'_>, raw: &RawAddr) -> PyResult<Py<PyAny>> {
+fn source_address(py: Python<'_>, raw: &RawAddr) -> PyResult<Py<PyAny>> {
     let family = raw.family();
     if family == libc::AF_UNIX {
         return source_unix(py, raw);
@@ -618,7 +618,7 @@ impl DatagramCore {
         let addr = match &st.last_source {
             Some((raw, t)) if raw.len == src.len && raw.bytes() == src.bytes() => t.clone_ref(py),
             _ => {
-                let t = if src.len == 0 { py.None() } else { source_tuple(py, &src)? };
+                let t = if src.len == 0 { py.None() } else { source_address(py, &src)? };
                 st.last_source = Some((src, t.clone_ref(py)));
                 t
             }
@@ -1017,12 +1017,12 @@ impl DatagramCore {
         drop(old);
     }
 
-    /// Drops the protocol; once connection_lost has run (`transport`),
-    /// the transport too, which breaks the transport <-> core cycle.
-    fn _forget_protocol(&self, py: Python<'_>, transport: bool) {
+    /// Drops the protocol; once connection_lost has run (`finished`), the
+    /// transport too, which breaks the transport <-> core cycle.
+    fn _forget_protocol(&self, py: Python<'_>, finished: bool) {
         let st = unsafe { self.st() };
         let old = st.protocol.take();
-        let wrapper = transport.then(|| std::mem::replace(&mut st.wrapper, py.None()));
+        let wrapper = finished.then(|| std::mem::replace(&mut st.wrapper, py.None()));
         drop(old);
         drop(wrapper);
     }
