@@ -175,8 +175,23 @@ def probe_env() -> int:
     return 0
 
 
+class _GcTimer:
+    """Time the cyclic GC's pauses per generation with ``gc.callbacks``
+    (a Python call on each collection's start and stop, nothing else)."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._t0
+
+
 def sample(name: str, workload: str, size: int, no_gc: bool,
-           cpus: str | None) -> int:
+           cpus: str | None, gc_time: bool = False) -> int:
     out = {"loop": name, "workload": workload, "size": size, "pid": os.getpid()}
     if cpus:
         try:
@@ -212,6 +227,10 @@ def sample(name: str, workload: str, size: int, no_gc: bool,
                     out["build_profile"] = v
                     break
     out["rss_start"] = _maxrss_bytes()
+    collections_before = [st.get("collections") for st in gc.get_stats()]
+    timer = _GcTimer() if gc_time else None
+    if timer is not None:
+        gc.callbacks.append(timer)
     try:
         res = workloads.run_workload(workload, factory, size)
     except workloads.Unsupported as exc:
@@ -229,6 +248,11 @@ def sample(name: str, workload: str, size: int, no_gc: bool,
         return 1
     out["rss_peak"] = _maxrss_bytes()
     out["gc_collections"] = [s.get("collections") for s in gc.get_stats()]
+    if timer is not None:
+        gc.callbacks.remove(timer)
+        out["gc_seconds"] = timer.seconds
+        out["gc_collections_during"] = [a - b for a, b in
+                                        zip(out["gc_collections"], collections_before)]
     out.update(_jsonable(res))
     if not res["ok"]:
         out["error_kind"] = "parity"
@@ -261,6 +285,8 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int)
     ap.add_argument("--no-gc", action="store_true",
                     help="diagnostic only: disable the cyclic GC")
+    ap.add_argument("--gc-time", action="store_true",
+                    help="diagnostic: time the GC's pauses (gc.callbacks)")
     ap.add_argument("--cpus", help="pin this process to these CPUs, e.g. 0 or 0,1")
     ap.add_argument("--no-prelude", action="store_true",
                     help="diagnostic only: skip the untimed connection that "
@@ -275,7 +301,7 @@ def main(argv=None) -> int:
     size = a.size if a.size is not None else workloads.WORKLOADS[a.workload][1]
     if a.no_prelude:
         workloads.NETWORK_PRELUDE = False
-    return sample(a.loop, a.workload, size, a.no_gc, a.cpus)
+    return sample(a.loop, a.workload, size, a.no_gc, a.cpus, a.gc_time)
 
 
 if __name__ == "__main__":

@@ -60,8 +60,10 @@ minutes for the scheduling workloads and 2-3 for the network ones with four
 loops; rloop's network failures cost 2-5 s each), ``--scale F`` / ``--size NAME=N``
 (sizes), ``--timeout S`` (per sample), ``--cpus 0`` (pin every sample),
 ``--python PATH`` (interpreter for samples), ``--no-gc`` (diagnostic only,
-never a headline), ``--no-prelude`` (diagnostic), ``--json out.json``,
-``--markdown out.md``.
+never a headline), ``--no-prelude`` (diagnostic), ``--gc-time`` (time the
+cyclic GC's pauses per sample with ``gc.callbacks`` and report each loop's
+median GC time, its share of the run and the collections per generation),
+``--json out.json``, ``--markdown out.md``.
 
 Workloads (default sizes; ``benchmarks/workloads.py``, shared with the
 pytest-codspeed suite ``benchmarks/test_benchmarks.py``)::
@@ -203,7 +205,7 @@ def _signame(rc: int) -> str:
 
 def run_sample(python: str, loop: str, workload: str, size: int,
                timeout: float, cpus: Optional[str], no_gc: bool,
-               no_prelude: bool = False) -> Dict[str, Any]:
+               no_prelude: bool = False, gc_time: bool = False) -> Dict[str, Any]:
     cmd = [python, SAMPLE, "--loop", loop, "--workload", workload,
            "--size", str(size)]
     if cpus:
@@ -212,6 +214,8 @@ def run_sample(python: str, loop: str, workload: str, size: int,
         cmd.append("--no-gc")
     if no_prelude:
         cmd.append("--no-prelude")
+    if gc_time:
+        cmd.append("--gc-time")
     r = _run_child(cmd, timeout)
     s: Dict[str, Any] = dict(r["json"] or {})
     s.setdefault("loop", loop)
@@ -375,6 +379,12 @@ def cell_stats(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
                   if s.get("rss_peak") and s.get("rss_start")]
         st["rss_peak"] = statistics.median(peaks) if peaks else None
         st["rss_growth"] = statistics.median(growth) if growth else None
+        timed = [s for s in good if s.get("gc_seconds") is not None]
+        if timed:
+            st["gc_seconds"] = statistics.median(sum(s["gc_seconds"]) for s in timed)
+            st["gc_share"] = statistics.median(sum(s["gc_seconds"]) / s["elapsed"] for s in timed)
+            st["gc_collections"] = [statistics.median(s["gc_collections_during"][g] for s in timed)
+                                    for g in range(3)]
     return st
 
 
@@ -635,6 +645,13 @@ def render_markdown(report: Dict[str, Any]) -> str:
         if wr.get("parity_disagreement"):
             L.append("")
             L.append(f"**Parity disagreement between loops**: {wr['parity_disagreement']}")
+        gc_lines = [f"{l} {wr['stats'][l]['gc_seconds']:.3f} s ({wr['stats'][l]['gc_share'] * 100:.1f}%; "
+                    f"collections {'/'.join(f'{c:g}' for c in wr['stats'][l]['gc_collections'])})"
+                    for l in loops if l in avail and wr["stats"][l].get("gc_seconds") is not None]
+        if gc_lines:
+            L.append("")
+            L.append("Cyclic GC pauses during the workload, medians (share of the median time; "
+                     "collections of generations 0/1/2): " + ", ".join(gc_lines) + ".")
         info = info_lines(wr, [l for l in loops if l in avail])
         if info:
             L.append("")
@@ -770,6 +787,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--no-prelude", action="store_true",
                     help="DIAGNOSTIC: network workloads skip their untimed "
                          "first connection (see workloads._prelude)")
+    ap.add_argument("--gc-time", action="store_true",
+                    help="also time the cyclic GC's pauses in each sample "
+                         "(gc.callbacks: a Python call per collection)")
     ap.add_argument("--json", metavar="PATH", help="write all data as JSON")
     ap.add_argument("--markdown", metavar="PATH", help="also write the markdown here")
     a = ap.parse_args(argv)
@@ -841,7 +861,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 order = []
             for l in order:
                 s = run_sample(a.python, l, w, size, timeout, a.cpus, a.no_gc,
-                               a.no_prelude)
+                               a.no_prelude, a.gc_time)
                 done += 1
                 if "gc_enabled" in s:
                     gc_seen.add(s["gc_enabled"])
@@ -896,7 +916,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "unavailable": unavailable,
         "config": {"samples": samples_k, "warmups": a.warmups, "quick": a.quick,
                    "scale": scale, "timeout": timeout, "cpus": a.cpus,
-                   "no_gc": a.no_gc, "no_prelude": a.no_prelude, "sizes": sizes},
+                   "no_gc": a.no_gc, "no_prelude": a.no_prelude, "gc_time": a.gc_time, "sizes": sizes},
         "gc_in_samples": ("enabled" if gc_seen == {True} else
                           "DISABLED" if gc_seen == {False} else
                           "mixed" if gc_seen else "n/a"),

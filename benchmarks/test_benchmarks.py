@@ -16,6 +16,7 @@ cross-loop comparison in fresh processes is compare.py's job.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -574,3 +575,31 @@ def test_own_share_reads_ratios_and_groups_objects(tmp_path) -> None:
     assert own_share._group("loop.cpython-311-x86_64-linux-gnu.so", "zuvrs") == "other"
     assert own_share._group("[kernel.kallsyms]", "zuvrs") == "kernel"
     assert own_share._group("libpython3.11.so.1.0", "uvloop") == "python"
+
+
+def test_sample_times_gc_pauses(loop_name, capsys) -> None:
+    """_sample.py --gc-time (compare.py --gc-time) reports the GC's pauses
+    and the collections of each generation made during the workload; a
+    forced collection inside it must show up in both."""
+    import gc
+
+    import _sample
+
+    callbacks = list(gc.callbacks)
+    original = workloads.run_workload
+
+    def run_with_a_collection(*args, **kwargs):
+        gc.collect()
+        return original(*args, **kwargs)
+
+    workloads.run_workload = run_with_a_collection
+    try:
+        rc = _sample.main(["--loop", loop_name, "--workload", "call_soon", "--size", "1000", "--gc-time"])
+    finally:
+        workloads.run_workload = original
+    assert rc == 0
+    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith(_sample.MARKER)][-1]
+    out = json.loads(line[len(_sample.MARKER):])
+    assert len(out["gc_seconds"]) == 3 and out["gc_seconds"][2] > 0
+    assert out["gc_collections_during"][2] >= 1
+    assert gc.callbacks == callbacks
