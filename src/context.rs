@@ -95,7 +95,8 @@ fn find_tstate_context_offset() -> usize {
         let mut found = 0;
         if !a.is_null() && !b.is_null() && ffi::PyContext_Enter(a) == 0 {
             let step = std::mem::size_of::<*mut ffi::PyObject>();
-            let candidates: Vec<usize> = (step..TSTATE_SCAN_BYTES).step_by(step).filter(|&off| slot(off) == a).collect();
+            let candidates: Vec<usize> =
+                (step..TSTATE_SCAN_BYTES).step_by(step).filter(|&off| slot(off) == a).collect();
             let mut confirmed = Vec::new();
             if ffi::PyContext_Exit(a) == 0 && ffi::PyContext_Enter(b) == 0 {
                 confirmed = candidates.into_iter().filter(|&off| slot(off) == b).collect();
@@ -216,7 +217,11 @@ impl ContextCache {
 /// # Safety
 /// GIL held; `ctx` is a live context not currently entered.
 #[inline]
-pub(crate) unsafe fn run_in(ctx: *mut ffi::PyObject, shared: bool, call: impl FnOnce(*mut ffi::PyObject) -> bool) -> bool {
+pub(crate) unsafe fn run_in(
+    ctx: *mut ffi::PyObject,
+    shared: bool,
+    call: impl FnOnce(*mut ffi::PyObject) -> bool,
+) -> bool {
     unsafe {
         if !shared || ffi::Py_REFCNT(ctx) == 1 {
             return call(ctx);

@@ -20,8 +20,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
-use crate::eventloop::{LoopCore, LoopState};
 use crate::errors::uv_error;
+use crate::eventloop::{LoopCore, LoopState};
 use crate::uv::sys;
 
 /// Cached enum members: AF_INET, AF_INET6, SOCK_STREAM, SOCK_DGRAM, SOCK_RAW.
@@ -232,7 +232,9 @@ impl<R> Request<R> {
                 }
             });
             if let Err(err) = outcome {
-                if err.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) || err.is_instance_of::<pyo3::exceptions::PySystemExit>(py) {
+                if err.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py)
+                    || err.is_instance_of::<pyo3::exceptions::PySystemExit>(py)
+                {
                     (*r.loop_state).raise_later(err);
                 } else {
                     err.write_unraisable(py, None);
@@ -278,13 +280,22 @@ fn gaierror(py: Python<'_>, code: i32) -> PyResult<PyErr> {
 
 /// The Python sockaddr of a resolved address: (host, port) for IPv4,
 /// (host, port, flowinfo, scope_id) for IPv6.
-pub(crate) unsafe fn sockaddr_tuple<'py>(py: Python<'py>, sa: *const libc::sockaddr) -> PyResult<Option<Bound<'py, PyTuple>>> {
+pub(crate) unsafe fn sockaddr_tuple<'py>(
+    py: Python<'py>,
+    sa: *const libc::sockaddr,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
     unsafe {
         match (*sa).sa_family as i32 {
             libc::AF_INET => {
                 let a = &*(sa as *const libc::sockaddr_in);
                 let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-                Ok(Some(PyTuple::new(py, [ip.to_string().into_pyobject(py)?.into_any(), u16::from_be(a.sin_port).into_pyobject(py)?.into_any()])?))
+                Ok(Some(PyTuple::new(
+                    py,
+                    [
+                        ip.to_string().into_pyobject(py)?.into_any(),
+                        u16::from_be(a.sin_port).into_pyobject(py)?.into_any(),
+                    ],
+                )?))
             }
             libc::AF_INET6 => {
                 let a = &*(sa as *const libc::sockaddr_in6);
@@ -385,7 +396,12 @@ pub(crate) fn resolve(
 
 /// Completes `future` with (host, service) or a socket.gaierror, as
 /// socket.getnameinfo would return or raise.
-unsafe extern "C" fn on_name_info(req: *mut sys::uv_getnameinfo_t, status: i32, host: *const libc::c_char, service: *const libc::c_char) {
+unsafe extern "C" fn on_name_info(
+    req: *mut sys::uv_getnameinfo_t,
+    status: i32,
+    host: *const libc::c_char,
+    service: *const libc::c_char,
+) {
     unsafe {
         NameInfoRequest::finish(req, status, |py| {
             let text = |p: *const libc::c_char| CStr::from_ptr(p).to_string_lossy().into_owned();
@@ -433,7 +449,13 @@ pub(crate) fn name_info(
     let req = NameInfoRequest::start(loop_state, future);
     // SAFETY: libuv copies the address before returning.
     let rc = unsafe {
-        sys::uv_getnameinfo(uv_loop, &mut (*req).req, Some(on_name_info), &storage as *const _ as *const sys::sockaddr, flags)
+        sys::uv_getnameinfo(
+            uv_loop,
+            &mut (*req).req,
+            Some(on_name_info),
+            &storage as *const _ as *const sys::sockaddr,
+            flags,
+        )
     };
     if rc < 0 {
         drop(unsafe { Box::from_raw(req) });

@@ -11,9 +11,7 @@ use crate::uv;
 pub(crate) fn uv_error(code: i32) -> PyErr {
     let errno = uv::errno_of(code);
     // SAFETY: strerror returns a static string for any errno.
-    let msg = unsafe { std::ffi::CStr::from_ptr(libc::strerror(errno)) }
-        .to_string_lossy()
-        .into_owned();
+    let msg = unsafe { std::ffi::CStr::from_ptr(libc::strerror(errno)) }.to_string_lossy().into_owned();
     let msg = if msg.is_empty() { uv::strerror(code) } else { msg };
     PyOSError::new_err((errno, msg))
 }

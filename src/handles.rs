@@ -18,8 +18,8 @@ use std::sync::{Mutex, OnceLock};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::PyClass;
 use pyo3::types::PyTuple;
+use pyo3::PyClass;
 use pyo3::{PyTraverseError, PyVisit};
 use smallvec::SmallVec;
 
@@ -48,7 +48,8 @@ impl Args {
                 0 => Args(0),
                 1 => Args(*args as usize),
                 _ => {
-                    let list: Box<ArgList> = Box::new(std::slice::from_raw_parts(args, nargs).iter().copied().collect());
+                    let list: Box<ArgList> =
+                        Box::new(std::slice::from_raw_parts(args, nargs).iter().copied().collect());
                     Args(Box::into_raw(list) as usize | HEAP_ARGS)
                 }
             }
@@ -345,10 +346,7 @@ impl Drop for HandleCore {
 /// outside pyo3's trampolines, where pyo3 would defer dropping a `Py<T>`.
 fn source_tracebacks() -> std::sync::MutexGuard<'static, HashMap<usize, usize>> {
     static TRACEBACKS: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
-    TRACEBACKS
-        .get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    TRACEBACKS.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Runs `cb` in the handle's context (see context.rs for shared snapshots).
@@ -477,7 +475,13 @@ const TIMER_HANDLE_POOL_CAP: usize = 8192;
 
 impl HandlePool {
     const fn new(dealloc: unsafe extern "C" fn(*mut ffi::PyObject), cap: usize) -> Self {
-        HandlePool { free: UnsafeCell::new(Vec::new()), offset: Cell::new(0), dealloc, own_alloc: Cell::new(false), cap }
+        HandlePool {
+            free: UnsafeCell::new(Vec::new()),
+            offset: Cell::new(0),
+            dealloc,
+            own_alloc: Cell::new(false),
+            cap,
+        }
     }
 
     /// A new, untracked object of `T` holding `value`; pyo3 makes it

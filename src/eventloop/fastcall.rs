@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::Borrowed;
 use pyo3::types::PyString;
+use pyo3::Borrowed;
 
 use super::LoopCore;
 use crate::handles::{Callback, Handle, HandleCore, HasCore, Ready, TimerHandle};
@@ -133,9 +133,7 @@ unsafe fn make_core(
             Some(c) => {
                 if ffi::PyContext_CheckExact(c) == 0 {
                     let t = Bound::from_borrowed_ptr(py, c).get_type().name()?;
-                    return Err(PyTypeError::new_err(format!(
-                        "an instance of Context was expected, got {t}"
-                    )));
+                    return Err(PyTypeError::new_err(format!("an instance of Context was expected, got {t}")));
                 }
                 ffi::Py_INCREF(c);
                 (c, false)
@@ -173,7 +171,12 @@ fn debug_checks(slf: &Bound<'_, PyAny>, callback: *mut ffi::PyObject, method: &s
     Ok(())
 }
 
-unsafe fn soon(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, threadsafe: bool) -> PyResult<*mut ffi::PyObject> {
+unsafe fn soon(
+    py: Python<'_>,
+    slf: *mut ffi::PyObject,
+    a: &FastArgs,
+    threadsafe: bool,
+) -> PyResult<*mut ffi::PyObject> {
     unsafe {
         let method = if threadsafe { "call_soon_threadsafe" } else { "call_soon" };
         let obj = Borrowed::from_ptr(py, slf); // no refcount traffic on the loop
@@ -215,11 +218,7 @@ unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bo
         let context = a.context(py, method)?;
         let t = a.arg(0);
         if t == ffi::Py_None() {
-            return Err(PyTypeError::new_err(if relative {
-                "delay must not be None"
-            } else {
-                "when cannot be None"
-            }));
+            return Err(PyTypeError::new_err(if relative { "delay must not be None" } else { "when cannot be None" }));
         }
         let t = Bound::from_borrowed_ptr(py, t);
         let mut when: f64 = t.extract().map_err(|_| {

@@ -29,9 +29,9 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::context::ContextCache;
 use crate::errors::uv_error;
+use crate::handles::{release_handle, run_in_context, Callback, Handle, HandleCore, HasCore, Ready};
 use crate::transport::stream::StreamCore;
 use crate::transport::udp::DatagramCore;
-use crate::handles::{release_handle, run_in_context, Callback, Handle, HandleCore, HasCore, Ready};
 use crate::uv::{sys, UvHandle, UvLoop};
 use gil::GilHandoff;
 use poll::{FdWatchers, Side};
@@ -513,14 +513,7 @@ impl LoopCore {
             let timer = UvHandle::<sys::uv_timer_t>::zeroed();
             sys::uv_timer_init(uv.raw(), timer.raw());
             sys::uv_unref(timer.as_handle());
-            (*sp).uv = Some(UvParts {
-                uv,
-                wake,
-                prepare,
-                timer,
-                armed_for: f64::NAN,
-                fds: None,
-            });
+            (*sp).uv = Some(UvParts { uv, wake, prepare, timer, armed_for: f64::NAN, fds: None });
         }
         Ok(LoopCore { state })
     }
@@ -790,7 +783,15 @@ impl LoopCore {
     /// `future` (see dns.rs).
     #[pyo3(signature = (future, host, port, flowinfo, scope_id, flags))]
     #[allow(clippy::too_many_arguments)]
-    fn _name_info(&self, future: Py<PyAny>, host: &str, port: u16, flowinfo: u32, scope_id: u32, flags: i32) -> PyResult<()> {
+    fn _name_info(
+        &self,
+        future: Py<PyAny>,
+        host: &str,
+        port: u16,
+        flowinfo: u32,
+        scope_id: u32,
+        flags: i32,
+    ) -> PyResult<()> {
         crate::dns::name_info(self, future, host, port, flowinfo, scope_id, flags)
     }
 

@@ -6,7 +6,6 @@
 //! task factory, debug mode, keywords other than `name` and `context`) goes to
 //! `BaseEventLoop`'s own method, so behaviour never differs.
 
-
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -54,7 +53,12 @@ unsafe fn create_task_slow(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs
     }
 }
 
-pub(super) unsafe fn create_task(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, _: bool) -> PyResult<*mut ffi::PyObject> {
+pub(super) unsafe fn create_task(
+    py: Python<'_>,
+    slf: *mut ffi::PyObject,
+    a: &FastArgs,
+    _: bool,
+) -> PyResult<*mut ffi::PyObject> {
     unsafe {
         let obj = Bound::from_borrowed_ptr(py, slf);
         let core = obj.cast_unchecked::<LoopCore>().get();
@@ -79,7 +83,10 @@ pub(super) unsafe fn create_task(py: Python<'_>, slf: *mut ffi::PyObject, a: &Fa
             names.push(pyo3::intern!(py, "loop").clone());
             for i in 0..nkw {
                 args.push(a.arg(1 + i));
-                names.push(Bound::from_borrowed_ptr(py, ffi::PyTuple_GET_ITEM(a.kwnames, i as ffi::Py_ssize_t)).cast_into_unchecked());
+                names.push(
+                    Bound::from_borrowed_ptr(py, ffi::PyTuple_GET_ITEM(a.kwnames, i as ffi::Py_ssize_t))
+                        .cast_into_unchecked(),
+                );
             }
             PyTuple::new(py, names)?
         };
@@ -95,12 +102,15 @@ pub(super) unsafe fn create_task(py: Python<'_>, slf: *mut ffi::PyObject, a: &Fa
 /// The keyword-name tuple `("loop",)`.
 fn loop_only(py: Python<'_>) -> &Bound<'_, PyTuple> {
     static LOOP_ONLY: PyOnceLock<Py<PyTuple>> = PyOnceLock::new();
-    LOOP_ONLY
-        .get_or_init(py, || PyTuple::new(py, [pyo3::intern!(py, "loop")]).expect("tuple").unbind())
-        .bind(py)
+    LOOP_ONLY.get_or_init(py, || PyTuple::new(py, [pyo3::intern!(py, "loop")]).expect("tuple").unbind()).bind(py)
 }
 
-pub(super) unsafe fn create_future(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, _: bool) -> PyResult<*mut ffi::PyObject> {
+pub(super) unsafe fn create_future(
+    py: Python<'_>,
+    slf: *mut ffi::PyObject,
+    a: &FastArgs,
+    _: bool,
+) -> PyResult<*mut ffi::PyObject> {
     unsafe {
         if a.nargs != 0 || a.nkw() != 0 {
             return Err(pyo3::exceptions::PyTypeError::new_err(
@@ -117,4 +127,3 @@ pub(super) unsafe fn create_future(py: Python<'_>, slf: *mut ffi::PyObject, a: &
         }
     }
 }
-

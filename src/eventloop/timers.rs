@@ -38,10 +38,7 @@ impl PartialOrd for Entry {
 impl Ord for Entry {
     // Reversed, so std's max-heap pops the earliest (deadline, sequence).
     fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .when
-            .total_cmp(&self.when)
-            .then_with(|| other.seq.cmp(&self.seq))
+        other.when.total_cmp(&self.when).then_with(|| other.seq.cmp(&self.seq))
     }
 }
 

@@ -59,7 +59,8 @@ impl ReadBuffer {
         if self.bytes.is_none() {
             // SAFETY: a NULL source makes an uninitialised bytes object,
             // which only this buffer sees until a read has filled it.
-            let raw = unsafe { pyo3::ffi::PyBytes_FromStringAndSize(ptr::null(), READ_BUF_SIZE as pyo3::ffi::Py_ssize_t) };
+            let raw =
+                unsafe { pyo3::ffi::PyBytes_FromStringAndSize(ptr::null(), READ_BUF_SIZE as pyo3::ffi::Py_ssize_t) };
             if raw.is_null() {
                 drop(PyErr::take(py));
                 return None;
@@ -99,7 +100,10 @@ impl ReadBuffer {
     /// Takes back a full read's `bytes` once the protocol is done with it,
     /// if nobody else holds it.
     fn give_back(&mut self, bytes: Bound<'_, PyBytes>) {
-        if self.bytes.is_some() || unsafe { pyo3::ffi::Py_REFCNT(bytes.as_ptr()) } != 1 || bytes.as_bytes().len() != READ_BUF_SIZE {
+        if self.bytes.is_some()
+            || unsafe { pyo3::ffi::Py_REFCNT(bytes.as_ptr()) } != 1
+            || bytes.as_bytes().len() != READ_BUF_SIZE
+        {
             return;
         }
         // SAFETY: the only reference is ours, so the object can be rewritten;
@@ -576,7 +580,8 @@ impl StreamCore {
         }
         let result = if nread > 0 {
             let full = nread as usize == READ_BUF_SIZE && unsafe { self.st().pipe_mode };
-            self.deliver(py, nread as usize).and_then(|()| if full { self.hold_reading_until_next_poll(py) } else { Ok(()) })
+            self.deliver(py, nread as usize)
+                .and_then(|()| if full { self.hold_reading_until_next_poll(py) } else { Ok(()) })
         } else if nread == sys::uv_errno_t_UV_EOF as isize {
             self.on_eof(py)
         } else if nread < 0 {
@@ -862,10 +867,7 @@ fn to_chunk(data: &Bound<'_, PyAny>) -> PyResult<(Chunk, usize)> {
         let n = v.len();
         return Ok((Chunk::Owned(v, 0), n));
     }
-    Err(PyTypeError::new_err(format!(
-        "data argument must be a bytes-like object, not '{}'",
-        data.get_type().name()?
-    )))
+    Err(PyTypeError::new_err(format!("data argument must be a bytes-like object, not '{}'", data.get_type().name()?)))
 }
 
 #[pymethods]
@@ -877,11 +879,19 @@ impl StreamCore {
     /// With `pipe`, `fd` is a pipe, FIFO or socket of a pipe transport; it
     /// must be one epoll accepts (libuv aborts on an fd epoll refuses).
     #[pyo3(signature = (loop_obj, fd, wrapper, unix=false, pipe=false))]
-    fn open(py: Python<'_>, loop_obj: &Bound<'_, PyAny>, fd: i32, wrapper: Py<PyAny>, unix: bool, pipe: bool) -> PyResult<Py<StreamCore>> {
+    fn open(
+        py: Python<'_>,
+        loop_obj: &Bound<'_, PyAny>,
+        fd: i32,
+        wrapper: Py<PyAny>,
+        unix: bool,
+        pipe: bool,
+    ) -> PyResult<Py<StreamCore>> {
         let unix = unix || pipe;
         let core_loop = loop_obj.cast::<LoopCore>()?.get();
         let loop_state = core_loop.state_ptr();
-        let uv_loop = unsafe { (*loop_state).uv_loop() }.ok_or_else(|| PyRuntimeError::new_err("Event loop is closed"))?;
+        let uv_loop =
+            unsafe { (*loop_state).uv_loop() }.ok_or_else(|| PyRuntimeError::new_err("Event loop is closed"))?;
         let core = Py::new(
             py,
             StreamCore {
@@ -1172,4 +1182,3 @@ impl StreamCore {
         Ok(())
     }
 }
-

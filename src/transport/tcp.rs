@@ -19,7 +19,12 @@ use pyo3::types::{PyString, PyTuple};
 
 // The C library's, as the socket module uses (the libc crate lacks them).
 extern "C" {
-    fn inet_ntop(af: libc::c_int, src: *const c_void, dst: *mut libc::c_char, size: libc::socklen_t) -> *const libc::c_char;
+    fn inet_ntop(
+        af: libc::c_int,
+        src: *const c_void,
+        dst: *mut libc::c_char,
+        size: libc::socklen_t,
+    ) -> *const libc::c_char;
     fn inet_pton(af: libc::c_int, src: *const libc::c_char, dst: *mut c_void) -> libc::c_int;
 }
 
@@ -41,7 +46,10 @@ fn os_error(errno: i32) -> PyErr {
 ///
 /// # Safety
 /// `sa` points at a socket address of at least the size its family implies.
-unsafe fn inet_address<'py>(py: Python<'py>, sa: *const libc::sockaddr_storage) -> PyResult<Option<Bound<'py, PyTuple>>> {
+unsafe fn inet_address<'py>(
+    py: Python<'py>,
+    sa: *const libc::sockaddr_storage,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let mut text = [0 as libc::c_char; 64];
     unsafe {
         match (*sa).ss_family as i32 {
@@ -149,7 +157,9 @@ pub(crate) fn tcp_connect(
     let Ok(text) = host.to_str() else { return Ok(None) };
     let Some((family, ss, len)) = literal_address(text, port) else { return Ok(None) };
     // SAFETY: plain system calls on a descriptor created here.
-    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::IPPROTO_TCP) };
+    let fd = unsafe {
+        libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::IPPROTO_TCP)
+    };
     if fd < 0 {
         return Err(os_error(last_errno()));
     }
@@ -175,7 +185,14 @@ pub(crate) fn tcp_connect(
         let fut = loop_obj.call_method0(pyo3::intern!(py, "create_future"))?;
         let waiter = Py::new(
             py,
-            Connecting { loop_obj: loop_obj.clone().unbind(), fut: fut.clone().unbind(), fd, family, host: host.clone().unbind(), port },
+            Connecting {
+                loop_obj: loop_obj.clone().unbind(),
+                fut: fut.clone().unbind(),
+                fd,
+                family,
+                host: host.clone().unbind(),
+                port,
+            },
         )?;
         loop_obj.call_method1(pyo3::intern!(py, "_set_fd_handler"), (fd, true, waiter, PyTuple::empty(py)))?;
         Ok(fut.unbind())
@@ -209,7 +226,9 @@ impl Connecting {
         let mut err: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
         // SAFETY: err and len are valid for an int option.
-        let rc = unsafe { libc::getsockopt(self.fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut err as *mut _ as *mut c_void, &mut len) };
+        let rc = unsafe {
+            libc::getsockopt(self.fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut err as *mut _ as *mut c_void, &mut len)
+        };
         let outcome = if rc < 0 {
             let errno = last_errno();
             if errno == libc::EAGAIN || errno == libc::EINTR {
@@ -276,7 +295,12 @@ impl Acceptor {
             let mut ss: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
             let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             let fd = unsafe {
-                libc::accept4(self.fd, &mut ss as *mut _ as *mut libc::sockaddr, &mut len, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+                libc::accept4(
+                    self.fd,
+                    &mut ss as *mut _ as *mut libc::sockaddr,
+                    &mut len,
+                    libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                )
             };
             if fd < 0 {
                 return match last_errno() {

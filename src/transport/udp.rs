@@ -185,7 +185,12 @@ unsafe impl Send for DatagramCore {}
 // the libc crate does not declare.
 extern "C" {
     fn inet_pton(af: libc::c_int, src: *const libc::c_char, dst: *mut libc::c_void) -> libc::c_int;
-    fn inet_ntop(af: libc::c_int, src: *const libc::c_void, dst: *mut libc::c_char, size: libc::socklen_t) -> *const libc::c_char;
+    fn inet_ntop(
+        af: libc::c_int,
+        src: *const libc::c_void,
+        dst: *mut libc::c_char,
+        size: libc::socklen_t,
+    ) -> *const libc::c_char;
 }
 
 fn errno() -> i32 {
@@ -296,7 +301,8 @@ fn parse_unix_address(addr: &Bound<'_, PyAny>) -> Option<RawAddr> {
         return None;
     };
     let abstract_name = path.first() == Some(&0);
-    if path.is_empty() || (abstract_name && path.len() > SUN_PATH_LEN) || (!abstract_name && path.len() >= SUN_PATH_LEN) {
+    if path.is_empty() || (abstract_name && path.len() > SUN_PATH_LEN) || (!abstract_name && path.len() >= SUN_PATH_LEN)
+    {
         return None;
     }
     let mut raw = RawAddr::zeroed();
@@ -360,7 +366,10 @@ fn source_unix(py: Python<'_>, raw: &RawAddr) -> PyResult<Py<PyAny>> {
     let end = path[..n].iter().position(|&b| b == 0).unwrap_or(n);
     // SAFETY: a valid buffer of `end` bytes; a new reference or NULL.
     unsafe {
-        let obj = pyo3::ffi::PyUnicode_DecodeFSDefaultAndSize(path.as_ptr() as *const libc::c_char, end as pyo3::ffi::Py_ssize_t);
+        let obj = pyo3::ffi::PyUnicode_DecodeFSDefaultAndSize(
+            path.as_ptr() as *const libc::c_char,
+            end as pyo3::ffi::Py_ssize_t,
+        );
         Ok(Bound::from_owned_ptr_or_err(py, obj)?.unbind())
     }
 }
@@ -581,16 +590,7 @@ impl DatagramCore {
             let (buf, size) = self.loop_state().read_buf.scratch(py)?;
             src.len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             // SAFETY: the scratch buffer and address storage are sized.
-            let n = unsafe {
-                libc::recvfrom(
-                    fd,
-                    buf as *mut _,
-                    size.min(MAX_SIZE),
-                    0,
-                    src.as_mut_ptr(),
-                    &mut src.len,
-                )
-            };
+            let n = unsafe { libc::recvfrom(fd, buf as *mut _, size.min(MAX_SIZE), 0, src.as_mut_ptr(), &mut src.len) };
             if n >= 0 {
                 break n as usize;
             }
@@ -678,7 +678,8 @@ impl DatagramCore {
             self.loop_state().raise_later(err);
             return;
         }
-        let res = self.wrapper(py).call_method1(py, pyo3::intern!(py, "_callback_failed"), (err.into_value(py), writing));
+        let res =
+            self.wrapper(py).call_method1(py, pyo3::intern!(py, "_callback_failed"), (err.into_value(py), writing));
         if let Err(err) = res {
             if is_fatal_base(py, &err) {
                 self.loop_state().raise_later(err);
@@ -798,7 +799,8 @@ impl DatagramCore {
         connected: bool,
     ) -> PyResult<Py<DatagramCore>> {
         let loop_state = loop_obj.cast::<LoopCore>()?.get().state_ptr();
-        let uv_loop = unsafe { (*loop_state).uv_loop() }.ok_or_else(|| PyRuntimeError::new_err("Event loop is closed"))?;
+        let uv_loop =
+            unsafe { (*loop_state).uv_loop() }.ok_or_else(|| PyRuntimeError::new_err("Event loop is closed"))?;
         let fd: i32 = sock.call_method0("fileno")?.extract()?;
         let family: i32 = sock.getattr("family")?.extract()?;
         if family != libc::AF_INET && family != libc::AF_INET6 && family != libc::AF_UNIX {
@@ -922,7 +924,8 @@ impl DatagramCore {
         let mut addr = addr.cloned().unwrap_or(none);
         // Held by reference count, not borrowed from the state: comparing
         // runs Python code (__eq__).
-        let address = unsafe { self.st().address.as_ref().map(|(a, allowed)| (a.clone_ref(py), allowed.clone_ref(py))) };
+        let address =
+            unsafe { self.st().address.as_ref().map(|(a, allowed)| (a.clone_ref(py), allowed.clone_ref(py))) };
         if let Some((address, allowed)) = address {
             let address = address.into_bound(py);
             if !(addr.is_none() || addr.is(&address) || allowed.bind(py).contains(&addr)?) {
