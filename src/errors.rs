@@ -1,17 +1,43 @@
-//! Turning libuv error codes into the OSError subclasses Python raises.
+//! Errors: errno values and the Python exceptions made from them.
+//!
+//! Every OSError zuvrs raises for a failed system call or libuv request is
+//! built here, with the errno and message the same failure gives in the
+//! `os` and `socket` modules (OSError's constructor picks the subclass:
+//! ConnectionRefusedError, PermissionError, ...).
 
-use pyo3::exceptions::PyOSError;
-use pyo3::PyErr;
+use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyRuntimeError, PySystemExit};
+use pyo3::prelude::*;
 
 use crate::uv;
 
-/// An OSError for a libuv error code, with the errno and message the
-/// corresponding system call failure would give (PyOSError picks the
-/// subclass, e.g. PermissionError for EPERM).
-pub(crate) fn uv_error(code: i32) -> PyErr {
-    let errno = uv::errno_of(code);
-    // SAFETY: strerror returns a static string for any errno.
+/// The calling thread's errno, right after a failed system call.
+#[inline]
+pub(crate) fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// `OSError(errno, strerror(errno))`, as the socket module raises it.
+pub(crate) fn os_error(errno: i32) -> PyErr {
+    // SAFETY: strerror returns a valid C string for any errno.
     let msg = unsafe { std::ffi::CStr::from_ptr(libc::strerror(errno)) }.to_string_lossy().into_owned();
-    let msg = if msg.is_empty() { uv::strerror(code) } else { msg };
+    let msg = if msg.is_empty() { uv::strerror(-errno) } else { msg };
     PyOSError::new_err((errno, msg))
+}
+
+/// The OSError for a libuv error code (a negative errno on Unix).
+#[inline]
+pub(crate) fn uv_error(code: i32) -> PyErr {
+    os_error(uv::errno_of(code))
+}
+
+/// asyncio's `RuntimeError('Event loop is closed')`.
+pub(crate) fn closed_error() -> PyErr {
+    PyRuntimeError::new_err("Event loop is closed")
+}
+
+/// KeyboardInterrupt and SystemExit: raised in a callback, they stop the
+/// loop and propagate out of `run_forever` instead of being reported.
+#[inline]
+pub(crate) fn is_fatal_base(py: Python<'_>, err: &PyErr) -> bool {
+    err.is_instance_of::<PyKeyboardInterrupt>(py) || err.is_instance_of::<PySystemExit>(py)
 }

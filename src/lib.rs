@@ -1,10 +1,21 @@
 //! zuvrs: a libuv-backed asyncio event loop.
+//!
+//! The layers, each depending only on those above it in this list:
+//! - `uv`, `errors`, `cell`, `python`: the edges (libuv, errno, the native
+//!   state accessor, the Python objects and methods Rust uses)
+//! - `handles`: scheduled callbacks, their contexts and allocation
+//! - `eventloop`: the loop, its turn, timers, fd watchers and fast methods
+//! - `net`: socket addresses, name resolution, TCP set-up
+//! - `transport`: the native halves of asyncio transports
+//!
+//! and this file, the `_zuvrs` module.
 
-mod context;
-mod dns;
+mod cell;
 mod errors;
 mod eventloop;
 mod handles;
+mod net;
+mod python;
 mod transport;
 mod uv;
 
@@ -12,26 +23,30 @@ use pyo3::prelude::*;
 
 #[pymodule(gil_used = true)]
 fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    context::check_layout();
+    handles::context::check_layout();
     m.add_class::<eventloop::LoopCore>()?;
     m.add_class::<handles::Handle>()?;
     m.add_class::<handles::TimerHandle>()?;
     m.add_class::<transport::stream::StreamCore>()?;
-    m.add_class::<transport::udp::DatagramCore>()?;
+    m.add_class::<transport::datagram::DatagramCore>()?;
     m.add_class::<transport::methods::CoreMethod>()?;
-    m.add_class::<transport::tcp::Acceptor>()?;
-    m.add_class::<transport::tcp::Connecting>()?;
+    m.add_class::<net::tcp::Acceptor>()?;
+    m.add_class::<net::tcp::Connecting>()?;
     eventloop::install_fast_methods(m.py())?;
     m.add_function(wrap_pyfunction!(libuv_version, m)?)?;
-    m.add_function(wrap_pyfunction!(dns::numeric_addrinfo, m)?)?;
-    m.add_function(wrap_pyfunction!(transport::datagram::read_fd, m)?)?;
-    m.add_function(wrap_pyfunction!(transport::tcp::tcp_connect, m)?)?;
-    m.add_function(wrap_pyfunction!(transport::tcp::tcp_names, m)?)?;
+    m.add_function(wrap_pyfunction!(net::dns::numeric_addrinfo, m)?)?;
+    m.add_function(wrap_pyfunction!(net::dns::resolve, m)?)?;
+    m.add_function(wrap_pyfunction!(net::dns::name_info, m)?)?;
+    m.add_function(wrap_pyfunction!(transport::chardev::read_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(net::tcp::tcp_connect, m)?)?;
+    m.add_function(wrap_pyfunction!(net::tcp::tcp_names, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("BUILD_PROFILE", if cfg!(debug_assertions) { "debug" } else { "release" })?;
-    // How callbacks' default contexts are taken (see context.rs), for tests
-    // and benchmark provenance.
-    m.add("CONTEXT_SHARING", context::sharing_mode())?;
+    // The most one read takes, for the Python transports that read themselves.
+    m.add("READ_SIZE", transport::readbuf::READ_SIZE)?;
+    // How callbacks' default contexts are taken (see handles/context.rs), for
+    // tests and benchmark provenance.
+    m.add("CONTEXT_SHARING", handles::context::sharing_mode())?;
     Ok(())
 }
 

@@ -2,9 +2,9 @@
 //!
 //! Every libuv handle zuvrs creates lives in a heap allocation owned by exactly
 //! one Rust value ([`UvHandle`]). The owner starts and stops the handle; when it
-//! is done it calls [`UvHandle::close`], and libuv's close callback is the only
-//! place the allocation is freed. A handle's `data` field points back at the
-//! state its callbacks need (the loop state or a watcher).
+//! is done it calls [`UvHandle::close`] (or `close_with`), and libuv's close
+//! callback is the only place the allocation is freed. A handle's `data` field
+//! points back at the state its callbacks need (the loop, or a transport core).
 
 use std::mem::MaybeUninit;
 
@@ -13,6 +13,8 @@ pub(crate) use libuv_sys2 as sys;
 /// An initialised `uv_loop_t` on the heap.
 pub(crate) struct UvLoop {
     raw: *mut sys::uv_loop_t,
+    /// The process that created the loop (see `adopt_after_fork`).
+    pid: libc::pid_t,
 }
 
 impl UvLoop {
@@ -27,7 +29,7 @@ impl UvLoop {
                 drop(Box::from_raw(raw as *mut MaybeUninit<sys::uv_loop_t>));
                 return Err(rc);
             }
-            Ok(UvLoop { raw })
+            Ok(UvLoop { raw, pid: libc::getpid() })
         }
     }
 
@@ -46,12 +48,44 @@ impl UvLoop {
         }
     }
 
+    /// Whether this process is a fork of the one that made the loop.
+    pub(crate) fn inherited(&self) -> bool {
+        // SAFETY: getpid has no preconditions.
+        unsafe { libc::getpid() != self.pid }
+    }
+
+    /// In a forked child, gives the loop kernel objects of its own before
+    /// anything is closed: the epoll set (and eventfd, io_uring) the child
+    /// inherited are the parent's too, and unregistering a handle from them
+    /// would stop the parent's loop from seeing that fd.
+    pub(crate) fn adopt_after_fork(&mut self) {
+        if self.inherited() {
+            // SAFETY: the loop is initialised; uv_loop_fork re-creates its
+            // backend in this process. Failing that, the loop is leaked at
+            // close rather than touching the parent's kernel state.
+            let rc = unsafe { sys::uv_loop_fork(self.raw) };
+            if rc == 0 {
+                // SAFETY: as above.
+                self.pid = unsafe { libc::getpid() };
+            }
+        }
+    }
+
     /// Runs the close callbacks of every handle already closed, then closes
-    /// and frees the loop. Handles must have been closed by their owners.
+    /// and frees the loop. Handles must have been closed by their owners;
+    /// requests still on libuv's thread pool (a name lookup in progress) are
+    /// waited for on a thread of their own, which frees the loop after them,
+    /// so closing never blocks on them. Their owners must have let go of
+    /// every Python object (see net::dns).
     ///
     /// # Safety
     /// No handle of this loop may be used afterwards.
     pub(crate) unsafe fn close(self) {
+        if self.inherited() {
+            // uv_loop_fork failed: never touch the parent's epoll set.
+            return;
+        }
+        // SAFETY: per the contract, every handle was closed by its owner.
         unsafe {
             // Close callbacks run on the next turn; a handful of turns is plenty,
             // since closing handles never schedules more work.
@@ -62,12 +96,33 @@ impl UvLoop {
                     return;
                 }
             }
+            if (*self.raw).active_handles == 0 && (*self.raw).closing_handles.is_null() {
+                // Only thread-pool work is left: its completions need the loop.
+                let raw = SendPtr(self.raw);
+                let spawned = std::thread::Builder::new().name("zuvrs-close".into()).spawn(move || {
+                    let raw = raw;
+                    // SAFETY: nobody else uses the loop any more; uv_run returns
+                    // once the last request has completed.
+                    sys::uv_run(raw.0, sys::uv_run_mode_UV_RUN_DEFAULT);
+                    if sys::uv_loop_close(raw.0) == 0 {
+                        drop(Box::from_raw(raw.0 as *mut MaybeUninit<sys::uv_loop_t>));
+                    }
+                });
+                if spawned.is_ok() {
+                    return;
+                }
+            }
             // A handle nobody closed: leaking the loop is safer than freeing
             // memory libuv still links to.
             eprintln!("zuvrs: libuv loop still has open handles at close; leaking it");
         }
     }
 }
+
+/// A loop pointer handed to the thread that finishes its requests.
+struct SendPtr(*mut sys::uv_loop_t);
+// SAFETY: the thread is the loop's only user from then on.
+unsafe impl Send for SendPtr {}
 
 /// Marker for types whose first field is a libuv handle (`#[repr(C)]`), so a
 /// pointer to the value is also a pointer to its `uv_handle_t`.
@@ -76,9 +131,13 @@ impl UvLoop {
 /// Implementors must be `#[repr(C)]` with the libuv handle as first field.
 pub(crate) unsafe trait HandleBox: Sized {}
 
+// SAFETY: the libuv handle types are their own first field.
 unsafe impl HandleBox for sys::uv_timer_t {}
+// SAFETY: as above.
 unsafe impl HandleBox for sys::uv_async_t {}
+// SAFETY: as above.
 unsafe impl HandleBox for sys::uv_prepare_t {}
+// SAFETY: as above.
 unsafe impl HandleBox for sys::uv_poll_t {}
 
 /// Owner of one heap-allocated libuv handle (or a struct starting with one).
@@ -111,7 +170,7 @@ impl<T: HandleBox> UvHandle<T> {
     }
 
     /// Sets the handle's `data` back-pointer.
-    pub(crate) fn set_data<D>(&self, data: *mut D) {
+    pub(crate) fn set_data<D>(&self, data: *const D) {
         // SAFETY: the handle is allocated; data is only read by our callbacks.
         unsafe { (*self.as_handle()).data = data as *mut _ }
     }
@@ -119,20 +178,14 @@ impl<T: HandleBox> UvHandle<T> {
     /// Asks libuv to close the handle; its close callback frees the memory.
     /// An owner whose init call failed uses [`UvHandle::free_uninit`] instead.
     pub(crate) fn close(self) {
-        // SAFETY: the handle was initialised; after uv_close nobody but the
-        // close callback touches the allocation.
-        unsafe {
-            let h = self.as_handle();
-            if sys::uv_is_closing(h) == 0 {
-                sys::uv_close(h, Some(free_after_close::<T>));
-            }
-        }
+        self.close_with(free_after_close::<T>)
     }
 
     /// Asks libuv to close the handle with a close callback of the owner's,
     /// which must free the allocation (`Box::from_raw` of `*mut T`).
     pub(crate) fn close_with(self, on_closed: unsafe extern "C" fn(*mut sys::uv_handle_t)) {
-        // SAFETY: as for close(); the callback takes over the allocation.
+        // SAFETY: the handle was initialised; after uv_close nobody but the
+        // close callback touches the allocation.
         unsafe {
             let h = self.as_handle();
             if sys::uv_is_closing(h) == 0 {
@@ -152,6 +205,13 @@ unsafe extern "C" fn free_after_close<T: HandleBox>(handle: *mut sys::uv_handle_
     // SAFETY: the allocation came from Box<T> in UvHandle and this is its one
     // close callback.
     unsafe { drop(Box::from_raw(handle as *mut T)) }
+}
+
+/// A libuv buffer over `len` bytes at `base`. (libuv's `uv_buf_init` takes
+/// an `unsigned int` length, which would cut a buffer of 4 GiB or more.)
+#[inline]
+pub(crate) fn buf(base: *const u8, len: usize) -> sys::uv_buf_t {
+    sys::uv_buf_t { base: base as *mut libc::c_char, len }
 }
 
 /// A libuv error code (negative errno on Unix) as a positive errno.

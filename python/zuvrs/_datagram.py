@@ -63,7 +63,9 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
     max_size = 256 * 1024  # largest datagram read at once
 
     def __init__(self, loop, sock, protocol, address=None, waiter=None, extra=None):
-        super().__init__(extra, loop)
+        # The flow control is the core's: skip _FlowControlMixin.__init__.
+        transports.BaseTransport.__init__(self, extra)
+        self._loop = loop
         self._extra["socket"] = trsock.TransportSocket(sock)
         socket_extra(self._extra, sock)
         self._sock = sock
@@ -96,6 +98,20 @@ class DatagramTransport(transports._FlowControlMixin, asyncio.DatagramTransport)
 
     def is_reading(self):
         return self._core.is_reading()
+
+    # Flow control is the core's (asyncio's rules, natively).
+    @property
+    def _protocol_paused(self):
+        return self._core._protocol_paused()
+
+    def get_write_buffer_limits(self):
+        return self._core.get_write_buffer_limits()
+
+    def set_write_buffer_limits(self, high=None, low=None):
+        self._core.set_write_buffer_limits(high, low)
+
+    def _report_error(self, message, exc):
+        report_error(self, exc, message, self._protocol)
 
     def pause_reading(self):
         self._core.pause_reading()

@@ -408,7 +408,7 @@ class NetworkMixin:
         if infos is not None:
             return infos
         fut = self.create_future()
-        self._resolve(fut, _encode_host(host), _encode_port(port), family, type, proto, flags)
+        _zuvrs.resolve(self, fut, _encode_host(host), _encode_port(port), family, type, proto, flags)
         return await fut
 
     async def getnameinfo(self, sockaddr, flags=0):
@@ -425,7 +425,7 @@ class NetworkMixin:
         flowinfo = sockaddr[2] if len(sockaddr) > 2 else 0
         scope_id = sockaddr[3] if len(sockaddr) > 3 else 0
         fut = self.create_future()
-        self._name_info(fut, host, int(port), flowinfo, scope_id, flags)
+        _zuvrs.name_info(self, fut, host, int(port), flowinfo, scope_id, flags)
         return await fut
 
     # -- Unix sockets -----------------------------------------------------------

@@ -8,109 +8,16 @@
 
 use std::ffi::CStr;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
 use pyo3::Borrowed;
 
-use super::LoopCore;
+use super::args::FastArgs;
+use super::{LoopCore, LoopShared};
 use crate::handles::{Callback, Handle, HandleCore, HasCore, Ready, TimerHandle};
-
-/// A `"context"` string that is not the interned one: asyncio's C Task and
-/// Future pass their own (`Py_BuildValue`) for every callback they
-/// schedule, which identity then recognises without comparing text. It is
-/// kept alive (one reference, never released) so that its address cannot
-/// be reused by another object.
-static CONTEXT_ALIAS: AtomicPtr<ffi::PyObject> = AtomicPtr::new(ptr::null_mut());
-
-/// Whether `name` spells "context"; remembers the first such object that
-/// is not the interned string as `CONTEXT_ALIAS`.
-#[cold]
-unsafe fn is_context_alias(name: *mut ffi::PyObject) -> bool {
-    unsafe {
-        if ffi::PyUnicode_CompareWithASCIIString(name, c"context".as_ptr()) != 0 {
-            return false;
-        }
-        // Exact str only: a subclass could change under us. The GIL
-        // serialises this store.
-        if ffi::PyUnicode_CheckExact(name) != 0 && CONTEXT_ALIAS.load(Ordering::Relaxed).is_null() {
-            ffi::Py_INCREF(name);
-            CONTEXT_ALIAS.store(name, Ordering::Relaxed);
-        }
-        true
-    }
-}
-
-/// Where a call's arguments are, as vectorcall passes them.
-pub(super) struct FastArgs {
-    pub(super) args: *const *mut ffi::PyObject,
-    pub(super) nargs: usize,
-    pub(super) kwnames: *mut ffi::PyObject,
-}
-
-impl FastArgs {
-    /// Number of keyword arguments.
-    #[inline]
-    pub(super) fn nkw(&self) -> usize {
-        if self.kwnames.is_null() {
-            0
-        } else {
-            unsafe { ffi::PyTuple_GET_SIZE(self.kwnames) as usize }
-        }
-    }
-
-    /// True if every keyword name is one of `allowed`.
-    pub(super) fn keywords_within(&self, allowed: &[&str]) -> bool {
-        (0..self.nkw()).all(|i| unsafe {
-            let name = ffi::PyTuple_GET_ITEM(self.kwnames, i as ffi::Py_ssize_t);
-            let mut size: ffi::Py_ssize_t = 0;
-            let p = ffi::PyUnicode_AsUTF8AndSize(name, &mut size);
-            if p.is_null() {
-                ffi::PyErr_Clear();
-                return false;
-            }
-            let s = std::slice::from_raw_parts(p as *const u8, size as usize);
-            allowed.iter().any(|a| a.as_bytes() == s)
-        })
-    }
-
-    /// The `context=` keyword (None when absent or None); any other keyword
-    /// is a TypeError naming `method`, as for a Python function.
-    unsafe fn context(&self, py: Python<'_>, method: &str) -> PyResult<Option<*mut ffi::PyObject>> {
-        unsafe {
-            if self.kwnames.is_null() {
-                return Ok(None);
-            }
-            let n = ffi::PyTuple_GET_SIZE(self.kwnames) as usize;
-            // Keyword names from Python code are interned: try identity
-            // first, then the other "context" object seen before.
-            let interned = pyo3::intern!(py, "context").as_ptr();
-            let mut ctx = None;
-            for i in 0..n {
-                let name = ffi::PyTuple_GET_ITEM(self.kwnames, i as ffi::Py_ssize_t);
-                if name == interned || name == CONTEXT_ALIAS.load(Ordering::Relaxed) || is_context_alias(name) {
-                    let v = *self.args.add(self.nargs + i);
-                    ctx = if v == ffi::Py_None() { None } else { Some(v) };
-                } else {
-                    let name = Bound::from_borrowed_ptr(py, name).cast_into::<PyString>()?;
-                    return Err(PyTypeError::new_err(format!(
-                        "{method}() got an unexpected keyword argument '{name}'"
-                    )));
-                }
-            }
-            Ok(ctx)
-        }
-    }
-
-    /// The i-th argument (positional first, then keyword values).
-    #[inline]
-    pub(super) unsafe fn arg(&self, i: usize) -> *mut ffi::PyObject {
-        unsafe { *self.args.add(i) }
-    }
-}
+use crate::python;
 
 fn missing(method: &str, what: &str) -> PyErr {
     PyTypeError::new_err(format!("{method}() missing 1 required positional argument: '{what}'"))
@@ -123,7 +30,8 @@ fn missing(method: &str, what: &str) -> PyErr {
 unsafe fn make_core(
     py: Python<'_>,
     core_obj: *mut ffi::PyObject,
-    core: &LoopCore,
+    shared: &LoopShared,
+    debug: bool,
     a: &FastArgs,
     first: usize,
     context: Option<*mut ffi::PyObject>,
@@ -139,7 +47,7 @@ unsafe fn make_core(
                 (c, false)
             }
             None => {
-                let snap = core.st().ctx_cache.capture();
+                let snap = shared.state.with(py, |st| st.ctx_cache.capture());
                 if !snap.replaced.is_null() {
                     ffi::Py_DECREF(snap.replaced);
                 }
@@ -152,9 +60,10 @@ unsafe fn make_core(
         let cb = Callback::new(a.arg(first), a.args.add(first + 1), a.nargs - first - 1);
         let hc = HandleCore::new(cb, ctx.0, ctx.1, false);
         let mut traceback = None;
-        if core.debug() {
+        if debug {
             let obj = Bound::from_borrowed_ptr(py, core_obj);
-            traceback = Some(obj.call_method0("_extract_source_traceback")?.unbind());
+            let name = python::event_loop::_extract_source_traceback(py);
+            traceback = Some(python::call_method(&obj, name, ())?.unbind());
         }
         Ok((hc, traceback))
     }
@@ -163,11 +72,13 @@ unsafe fn make_core(
 /// The debug-mode checks asyncio makes (thread and callback type), done by
 /// the Python methods it defines for them.
 fn debug_checks(slf: &Bound<'_, PyAny>, callback: *mut ffi::PyObject, method: &str, thread: bool) -> PyResult<()> {
+    let py = slf.py();
     if thread {
-        slf.call_method0("_check_thread")?;
+        python::call_method(slf, python::event_loop::_check_thread(py), ())?;
     }
-    let cb = unsafe { Bound::from_borrowed_ptr(slf.py(), callback) };
-    slf.call_method1("_check_callback", (cb, method))?;
+    // SAFETY: the caller passes a borrowed, live callback.
+    let cb = unsafe { Bound::from_borrowed_ptr(py, callback) };
+    python::call_method(slf, python::event_loop::_check_callback(py), (cb, method))?;
     Ok(())
 }
 
@@ -180,25 +91,28 @@ unsafe fn soon(
     unsafe {
         let method = if threadsafe { "call_soon_threadsafe" } else { "call_soon" };
         let obj = Borrowed::from_ptr(py, slf); // no refcount traffic on the loop
-        let core = obj.cast_unchecked::<LoopCore>().get();
+        let shared = obj.cast_unchecked::<LoopCore>().get().shared();
         if a.nargs < 1 {
             return Err(missing(method, "callback"));
         }
         let context = a.context(py, method)?;
-        core.check_open()?;
-        if core.debug() {
+        let (closed, debug) = shared.state.with(py, |st| (st.closed, st.debug));
+        if closed {
+            return Err(crate::errors::closed_error());
+        }
+        if debug {
             debug_checks(&obj, a.arg(0), method, !threadsafe)?;
         }
-        let (hc, traceback) = make_core(py, slf, core, a, 0, context)?;
+        let (hc, traceback) = make_core(py, slf, shared, debug, a, 0, context)?;
         let h = Handle::create(py, hc)?;
         if let Some(tb) = traceback {
-            h.get().set_source_traceback(tb);
+            h.get().set_source_traceback(py, tb);
         }
         let ptr = h.as_ptr();
         ffi::Py_INCREF(ptr);
-        core.push_ready(Ready::Soon(h.unbind()));
+        shared.push_ready(py, Ready::Soon(h.unbind()));
         if threadsafe {
-            core.wake();
+            shared.wake(py);
         }
         Ok(ptr)
     }
@@ -208,7 +122,7 @@ unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bo
     unsafe {
         let (method, what) = if relative { ("call_later", "delay") } else { ("call_at", "when") };
         let obj = Borrowed::from_ptr(py, slf);
-        let core = obj.cast_unchecked::<LoopCore>().get();
+        let shared = obj.cast_unchecked::<LoopCore>().get().shared();
         if a.nargs < 1 {
             return Err(missing(method, what));
         }
@@ -230,19 +144,22 @@ unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bo
         if relative {
             when += super::monotonic();
         }
-        core.check_open()?;
-        if core.debug() {
+        let (closed, debug) = shared.state.with(py, |st| (st.closed, st.debug));
+        if closed {
+            return Err(crate::errors::closed_error());
+        }
+        if debug {
             debug_checks(&obj, a.arg(1), "call_at", true)?;
         }
-        let (hc, traceback) = make_core(py, slf, core, a, 1, context)?;
-        let st = core.st();
-        let h = TimerHandle::create(py, when, hc, st.timers.book())?;
+        let (hc, traceback) = make_core(py, slf, shared, debug, a, 1, context)?;
+        let book = shared.state.with(py, |st| st.timers.book().clone());
+        let h = TimerHandle::create(py, when, hc, &book)?;
         if let Some(tb) = traceback {
-            h.get().set_source_traceback(tb);
+            h.get().set_source_traceback(py, tb);
         }
         let ptr = h.as_ptr();
         ffi::Py_INCREF(ptr);
-        core.st().timers.push(h.unbind(), when);
+        shared.state.with(py, |st| st.timers.push(h.unbind(), when));
         Ok(ptr)
     }
 }

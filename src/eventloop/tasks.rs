@@ -9,24 +9,12 @@
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyModule, PyString, PyTuple};
+use pyo3::types::{PyString, PyTuple};
 use smallvec::SmallVec;
 
-use super::fastcall::FastArgs;
+use super::args::FastArgs;
 use super::LoopCore;
-
-static ASYNCIO: PyOnceLock<(Py<PyModule>, Py<PyModule>, Py<PyAny>)> = PyOnceLock::new();
-
-/// (asyncio.tasks, asyncio.futures, asyncio.BaseEventLoop)
-fn asyncio_parts(py: Python<'_>) -> PyResult<&(Py<PyModule>, Py<PyModule>, Py<PyAny>)> {
-    ASYNCIO.get_or_try_init(py, || {
-        Ok((
-            py.import("asyncio.tasks")?.unbind(),
-            py.import("asyncio.futures")?.unbind(),
-            py.import("asyncio")?.getattr("BaseEventLoop")?.unbind(),
-        ))
-    })
-}
+use crate::python;
 
 /// Keyword names accepted on the fast path, by Python version.
 #[cfg(Py_3_11)]
@@ -37,7 +25,7 @@ const FAST_KEYWORDS: &[&str] = &["name"];
 /// Calls `BaseEventLoop.create_task(self, *args, **kwargs)` unchanged.
 unsafe fn create_task_slow(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs) -> PyResult<*mut ffi::PyObject> {
     unsafe {
-        let base = asyncio_parts(py)?.2.bind(py).getattr(pyo3::intern!(py, "create_task"))?;
+        let base = python::base_event_loop(py)?.getattr(pyo3::intern!(py, "create_task"))?;
         // Prepend self to the positional arguments.
         let mut args: Vec<*mut ffi::PyObject> = Vec::with_capacity(a.nargs + a.nkw() + 1);
         args.push(slf);
@@ -61,15 +49,15 @@ pub(super) unsafe fn create_task(
 ) -> PyResult<*mut ffi::PyObject> {
     unsafe {
         let obj = Bound::from_borrowed_ptr(py, slf);
-        let core = obj.cast_unchecked::<LoopCore>().get();
-        if a.nargs != 1 || core.debug() || !a.keywords_within(FAST_KEYWORDS) {
+        let shared = obj.cast_unchecked::<LoopCore>().get().shared();
+        if a.nargs != 1 || shared.debug(py) || !a.keywords_within(FAST_KEYWORDS) {
             return create_task_slow(py, slf, a);
         }
-        core.check_open()?;
-        if !obj.getattr(pyo3::intern!(py, "_task_factory"))?.is_none() {
+        shared.check_open(py)?;
+        if !obj.getattr(python::event_loop::_task_factory(py))?.is_none() {
             return create_task_slow(py, slf, a);
         }
-        let task_type = asyncio_parts(py)?.0.bind(py).getattr(pyo3::intern!(py, "Task"))?;
+        let task_type = python::asyncio_tasks(py)?.getattr(pyo3::intern!(py, "Task"))?;
         // Task(coro, loop=self, <the caller's keywords>); the usual call has
         // no keywords and allocates nothing here.
         let nkw = a.nkw();
@@ -117,7 +105,7 @@ pub(super) unsafe fn create_future(
                 "BaseEventLoop.create_future() takes 1 positional argument but more were given",
             ));
         }
-        let future_type = asyncio_parts(py)?.1.bind(py).getattr(pyo3::intern!(py, "Future"))?;
+        let future_type = python::asyncio_futures(py)?.getattr(pyo3::intern!(py, "Future"))?;
         let args = [slf];
         let r = ffi::PyObject_Vectorcall(future_type.as_ptr(), args.as_ptr(), 0, loop_only(py).as_ptr());
         if r.is_null() {

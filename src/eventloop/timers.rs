@@ -4,7 +4,8 @@
 //! Entries are ordered by (deadline, sequence), so equal deadlines fire in the
 //! order they were scheduled. Cancelling is O(1): the handle is marked and
 //! counted in the shared [`TimerBook`]; dead entries are dropped when they reach
-//! the top, and the heap is rebuilt when they are more than half of it.
+//! the top, and the heap is rebuilt when they are more than half of it. A heap
+//! that has shrunk to a small part of its capacity gives the memory back.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -18,37 +19,63 @@ use crate::handles::{release_handle, TimerBook, TimerHandle};
 /// rebuild (the same threshold asyncio uses).
 const MIN_ENTRIES_TO_COMPACT: usize = 100;
 
-struct Entry {
-    when: f64,
-    seq: u64,
-    handle: Py<TimerHandle>,
+/// What the heap holds: a timer handle, or a stand-in in unit tests.
+pub(crate) trait Timer {
+    fn is_cancelled(&self, py: Python<'_>) -> bool;
+    /// The handle leaves the heap.
+    fn unschedule(&self);
+    /// The heap's reference goes (see `release_handle`).
+    fn release(self);
 }
 
-impl PartialEq for Entry {
+impl Timer for Py<TimerHandle> {
+    #[inline]
+    fn is_cancelled(&self, py: Python<'_>) -> bool {
+        self.get().is_cancelled(py)
+    }
+
+    #[inline]
+    fn unschedule(&self) {
+        self.get().unschedule()
+    }
+
+    #[inline]
+    fn release(self) {
+        release_handle(self)
+    }
+}
+
+struct Entry<T> {
+    when: f64,
+    seq: u64,
+    timer: T,
+}
+
+impl<T> PartialEq for Entry<T> {
     fn eq(&self, other: &Self) -> bool {
         self.seq == other.seq
     }
 }
-impl Eq for Entry {}
-impl PartialOrd for Entry {
+impl<T> Eq for Entry<T> {}
+impl<T> PartialOrd for Entry<T> {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for Entry {
+impl<T> Ord for Entry<T> {
     // Reversed, so std's max-heap pops the earliest (deadline, sequence).
     fn cmp(&self, other: &Self) -> Ordering {
         other.when.total_cmp(&self.when).then_with(|| other.seq.cmp(&self.seq))
     }
 }
 
-pub(crate) struct TimerHeap {
-    heap: BinaryHeap<Entry>,
+pub(crate) struct TimerHeap<T: Timer = Py<TimerHandle>> {
+    heap: BinaryHeap<Entry<T>>,
     next_seq: u64,
     book: Rc<TimerBook>,
 }
 
-impl TimerHeap {
+impl<T: Timer> TimerHeap<T> {
     pub(crate) fn new() -> Self {
         TimerHeap {
             heap: BinaryHeap::new(),
@@ -61,20 +88,25 @@ impl TimerHeap {
         &self.book
     }
 
-    pub(crate) fn push(&mut self, handle: Py<TimerHandle>, when: f64) {
+    pub(crate) fn push(&mut self, timer: T, when: f64) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.heap.push(Entry { when, seq, handle });
+        self.heap.push(Entry { when, seq, timer });
     }
 
     pub(crate) fn len(&self) -> usize {
         self.heap.len()
     }
 
+    fn count_uncancelled(&self) {
+        let c = &self.book.cancelled_in_heap;
+        c.set(c.get().saturating_sub(1));
+    }
+
     /// Drops cancelled entries: all of them when they are the majority,
     /// otherwise those at the top. (A cancelled handle holds no Python
     /// references, so releasing it here runs no Python code.)
-    pub(crate) fn prune(&mut self) {
+    pub(crate) fn prune(&mut self, py: Python<'_>) {
         let cancelled = self.book.cancelled_in_heap.get();
         if cancelled == 0 {
             return;
@@ -83,10 +115,9 @@ impl TimerHeap {
             let old = std::mem::take(&mut self.heap).into_vec();
             let mut live = Vec::with_capacity(old.len() - cancelled);
             for e in old {
-                let h = e.handle.get();
-                if h.is_cancelled() {
-                    h.unschedule();
-                    release_handle(e.handle);
+                if e.timer.is_cancelled(py) {
+                    e.timer.unschedule();
+                    e.timer.release();
                 } else {
                     live.push(e);
                 }
@@ -96,14 +127,23 @@ impl TimerHeap {
             return;
         }
         while let Some(top) = self.heap.peek() {
-            let h = top.handle.get();
-            if !h.is_cancelled() {
+            if !top.timer.is_cancelled(py) {
                 break;
             }
-            h.unschedule();
-            release_handle(self.heap.pop().expect("peeked").handle);
-            let c = &self.book.cancelled_in_heap;
-            c.set(c.get().saturating_sub(1));
+            let e = self.heap.pop().expect("peeked");
+            e.timer.unschedule();
+            e.timer.release();
+            self.count_uncancelled();
+        }
+        self.shrink();
+    }
+
+    /// Gives memory back once the heap uses a small part of what it holds
+    /// (after a burst of a million timers, say).
+    fn shrink(&mut self) {
+        let cap = self.heap.capacity();
+        if cap > 4096 && self.heap.len() < cap / 8 {
+            self.heap.shrink_to(self.heap.len() * 2);
         }
     }
 
@@ -115,34 +155,142 @@ impl TimerHeap {
     /// Pops the earliest entry if it is due at `now` (cancelled entries at the
     /// top are returned too; the caller skips them when running).
     #[inline]
-    pub(crate) fn pop_due(&mut self, now: f64) -> Option<Py<TimerHandle>> {
+    pub(crate) fn pop_due(&mut self, py: Python<'_>, now: f64) -> Option<T> {
         if self.heap.peek()?.when > now {
             return None;
         }
         let e = self.heap.pop().expect("peeked");
-        let h = e.handle.get();
-        h.unschedule();
-        if h.is_cancelled() {
-            let c = &self.book.cancelled_in_heap;
-            c.set(c.get().saturating_sub(1));
+        e.timer.unschedule();
+        if e.timer.is_cancelled(py) {
+            self.count_uncancelled();
         }
-        Some(e.handle)
+        if self.heap.is_empty() {
+            self.shrink();
+        }
+        Some(e.timer)
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Py<TimerHandle>> {
-        self.heap.iter().map(|e| &e.handle)
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.heap.iter().map(|e| &e.timer)
     }
 
     /// Empties the heap, handing every handle to the caller (loop close).
-    pub(crate) fn drain(&mut self) -> Vec<Py<TimerHandle>> {
+    pub(crate) fn drain(&mut self) -> Vec<T> {
         self.book.cancelled_in_heap.set(0);
         std::mem::take(&mut self.heap)
             .into_vec()
             .into_iter()
             .map(|e| {
-                e.handle.get().unschedule();
-                e.handle
+                e.timer.unschedule();
+                e.timer
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use super::*;
+
+    /// A timer that knows its name and whether it was cancelled.
+    struct Fake {
+        name: u32,
+        cancelled: Rc<Cell<bool>>,
+    }
+
+    impl Timer for Fake {
+        fn is_cancelled(&self, _py: Python<'_>) -> bool {
+            self.cancelled.get()
+        }
+        fn unschedule(&self) {}
+        fn release(self) {}
+    }
+
+    fn fake(name: u32) -> (Fake, Rc<Cell<bool>>) {
+        let flag = Rc::new(Cell::new(false));
+        (Fake { name, cancelled: flag.clone() }, flag)
+    }
+
+    fn with_py(f: impl FnOnce(Python<'_>)) {
+        Python::initialize();
+        Python::attach(f);
+    }
+
+    #[test]
+    fn earliest_first_and_ties_in_scheduling_order() {
+        with_py(|py| {
+            let mut heap = TimerHeap::<Fake>::new();
+            for (name, when) in [(0, 3.0), (1, 1.0), (2, 2.0), (3, 1.0), (4, 1.0)] {
+                heap.push(fake(name).0, when);
+            }
+            let order: Vec<u32> = std::iter::from_fn(|| heap.pop_due(py, 10.0)).map(|t| t.name).collect();
+            assert_eq!(order, [1, 3, 4, 2, 0]);
+        });
+    }
+
+    #[test]
+    fn nothing_before_its_deadline() {
+        with_py(|py| {
+            let mut heap = TimerHeap::<Fake>::new();
+            heap.push(fake(0).0, 5.0);
+            assert!(heap.pop_due(py, 4.999).is_none());
+            assert_eq!(heap.pop_due(py, 5.0).map(|t| t.name), Some(0));
+        });
+    }
+
+    #[test]
+    fn cancelled_entries_at_the_top_are_pruned() {
+        with_py(|py| {
+            let mut heap = TimerHeap::<Fake>::new();
+            let (a, a_flag) = fake(0);
+            let (b, _) = fake(1);
+            heap.push(a, 1.0);
+            heap.push(b, 2.0);
+            a_flag.set(true);
+            heap.book().cancelled_in_heap.set(1);
+            heap.prune(py);
+            assert_eq!(heap.len(), 1);
+            assert_eq!(heap.next_deadline(), Some(2.0));
+            assert_eq!(heap.book().cancelled_in_heap.get(), 0);
+        });
+    }
+
+    #[test]
+    fn a_mostly_cancelled_heap_is_rebuilt() {
+        with_py(|py| {
+            let mut heap = TimerHeap::<Fake>::new();
+            let mut flags = Vec::new();
+            for i in 0..1000 {
+                let (t, flag) = fake(i);
+                heap.push(t, f64::from(i));
+                flags.push(flag);
+            }
+            // Cancel all but every tenth, from the end (the top stays live).
+            for (i, flag) in flags.iter().enumerate() {
+                if i % 10 != 0 {
+                    flag.set(true);
+                }
+            }
+            heap.book().cancelled_in_heap.set(900);
+            heap.prune(py);
+            assert_eq!(heap.len(), 100);
+            let names: Vec<u32> = std::iter::from_fn(|| heap.pop_due(py, 1e9)).map(|t| t.name).collect();
+            assert_eq!(names, (0..1000).step_by(10).collect::<Vec<_>>());
+        });
+    }
+
+    #[test]
+    fn memory_goes_back_after_a_burst() {
+        with_py(|py| {
+            let mut heap = TimerHeap::<Fake>::new();
+            for i in 0..100_000 {
+                heap.push(fake(i).0, 1.0);
+            }
+            while heap.pop_due(py, 2.0).is_some() {}
+            assert!(heap.heap.capacity() < 4096, "capacity {}", heap.heap.capacity());
+        });
     }
 }

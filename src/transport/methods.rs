@@ -34,7 +34,7 @@ impl CoreMethod {
         }
         let py = slf.py();
         let name = slf.get().name.bind(py);
-        let method = instance.getattr(pyo3::intern!(py, "_core"))?.getattr(name)?;
+        let method = instance.getattr(crate::python::transport::_core(py))?.getattr(name)?;
         instance.setattr(name, &method)?;
         Ok(method.unbind())
     }

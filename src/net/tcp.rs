@@ -10,74 +10,16 @@
 //! and the exceptions asyncio would raise, with the same errno, class and
 //! message.
 
-use std::ffi::{c_void, CStr};
-use std::mem::MaybeUninit;
+use std::ffi::c_void;
 
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
-// The C library's, as the socket module uses (the libc crate lacks them).
-extern "C" {
-    fn inet_ntop(
-        af: libc::c_int,
-        src: *const c_void,
-        dst: *mut libc::c_char,
-        size: libc::socklen_t,
-    ) -> *const libc::c_char;
-    fn inet_pton(af: libc::c_int, src: *const libc::c_char, dst: *mut c_void) -> libc::c_int;
-}
-
-fn last_errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
-}
-
-/// `OSError(errno, strerror(errno))`, as the socket module raises for a
-/// failed call (OSError's constructor picks the subclass from errno).
-fn os_error(errno: i32) -> PyErr {
-    // SAFETY: strerror returns a valid C string for any errno.
-    let msg = unsafe { CStr::from_ptr(libc::strerror(errno)) }.to_string_lossy().into_owned();
-    PyOSError::new_err((errno, msg))
-}
-
-/// The socket module's form of an IPv4 / IPv6 address: `(host, port)` or
-/// `(host, port, flowinfo, scope_id)`, the host as `inet_ntop` writes it.
-/// None for other families.
-///
-/// # Safety
-/// `sa` points at a socket address of at least the size its family implies.
-unsafe fn inet_address<'py>(
-    py: Python<'py>,
-    sa: *const libc::sockaddr_storage,
-) -> PyResult<Option<Bound<'py, PyTuple>>> {
-    let mut text = [0 as libc::c_char; 64];
-    unsafe {
-        match (*sa).ss_family as i32 {
-            libc::AF_INET => {
-                let a = &*(sa as *const libc::sockaddr_in);
-                inet_ntop(libc::AF_INET, &a.sin_addr as *const _ as *const c_void, text.as_mut_ptr(), 64);
-                let host = PyString::new(py, &CStr::from_ptr(text.as_ptr()).to_string_lossy());
-                let port = u16::from_be(a.sin_port).into_pyobject(py)?;
-                Ok(Some(PyTuple::new(py, [host.into_any(), port.into_any()])?))
-            }
-            libc::AF_INET6 => {
-                let a = &*(sa as *const libc::sockaddr_in6);
-                inet_ntop(libc::AF_INET6, &a.sin6_addr as *const _ as *const c_void, text.as_mut_ptr(), 64);
-                let host = PyString::new(py, &CStr::from_ptr(text.as_ptr()).to_string_lossy());
-                Ok(Some(PyTuple::new(
-                    py,
-                    [
-                        host.into_any(),
-                        u16::from_be(a.sin6_port).into_pyobject(py)?.into_any(),
-                        u32::from_be(a.sin6_flowinfo).into_pyobject(py)?.into_any(),
-                        a.sin6_scope_id.into_pyobject(py)?.into_any(),
-                    ],
-                )?))
-            }
-            _ => Ok(None),
-        }
-    }
-}
+use crate::errors::{last_errno, os_error};
+use crate::eventloop::LoopCore;
+use crate::net::addr::SockAddr;
+use crate::python;
 
 /// `(sockname, peername)` of a connected TCP socket, as asyncio's socket
 /// transports record them when created: None where the call fails.
@@ -86,17 +28,19 @@ unsafe fn inet_address<'py>(
 #[pyo3(signature = (fd, peername=None))]
 pub(crate) fn tcp_names(py: Python<'_>, fd: i32, peername: Option<Py<PyAny>>) -> PyResult<(Py<PyAny>, Py<PyAny>)> {
     let name = |peer: bool| -> PyResult<Py<PyAny>> {
-        // SAFETY: the storage is large enough for any address.
-        unsafe {
-            let mut ss: libc::sockaddr_storage = MaybeUninit::zeroed().assume_init();
-            let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            let p = &mut ss as *mut _ as *mut libc::sockaddr;
-            let rc = if peer { libc::getpeername(fd, p, &mut len) } else { libc::getsockname(fd, p, &mut len) };
-            if rc < 0 {
-                return Ok(py.None());
+        let mut sa = SockAddr::empty();
+        // SAFETY: the storage is as large as `len` says.
+        let rc = unsafe {
+            if peer {
+                libc::getpeername(fd, sa.as_mut_ptr(), &mut sa.len)
+            } else {
+                libc::getsockname(fd, sa.as_mut_ptr(), &mut sa.len)
             }
-            Ok(inet_address(py, &ss)?.map_or_else(|| py.None(), |t| t.into_any().unbind()))
+        };
+        if rc < 0 || !matches!(sa.family(), libc::AF_INET | libc::AF_INET6) {
+            return Ok(py.None());
         }
+        sa.to_python(py)
     };
     let sockname = name(false)?;
     let peername = match peername {
@@ -110,36 +54,6 @@ pub(crate) fn tcp_names(py: Python<'_>, fd: i32, peername: Option<Py<PyAny>>) ->
 /// connection still in progress.
 type Started = (i32, i32, Option<Py<PyAny>>);
 
-/// `host` as an address literal, as `asyncio.base_events._ipaddr_info`
-/// accepts it for a stream socket of any family (`inet_pton` for IPv4,
-/// then IPv6; never with a `%` zone index): the family and the socket
-/// address with `port`.
-fn literal_address(host: &str, port: u16) -> Option<(i32, libc::sockaddr_storage, libc::socklen_t)> {
-    if host.contains('%') {
-        return None;
-    }
-    let chost = std::ffi::CString::new(host).ok()?;
-    // SAFETY: zeroed sockaddr structs are valid; inet_pton writes at most
-    // the size of the address field it is given.
-    unsafe {
-        let mut ss: libc::sockaddr_storage = MaybeUninit::zeroed().assume_init();
-        let a = &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in);
-        if inet_pton(libc::AF_INET, chost.as_ptr(), &mut a.sin_addr as *mut _ as *mut c_void) == 1 {
-            a.sin_family = libc::AF_INET as libc::sa_family_t;
-            a.sin_port = port.to_be();
-            return Some((libc::AF_INET, ss, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t));
-        }
-        let mut ss: libc::sockaddr_storage = MaybeUninit::zeroed().assume_init();
-        let a = &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6);
-        if inet_pton(libc::AF_INET6, chost.as_ptr(), &mut a.sin6_addr as *mut _ as *mut c_void) == 1 {
-            a.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            a.sin6_port = port.to_be();
-            return Some((libc::AF_INET6, ss, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t));
-        }
-    }
-    None
-}
-
 /// Starts connecting a new non-blocking TCP socket to `(host, port)` when
 /// `host` is an address literal (else returns None: asyncio would resolve
 /// it). Returns `(fd, family, None)` when connected at once, else
@@ -150,12 +64,15 @@ fn literal_address(host: &str, port: u16) -> Option<(i32, libc::sockaddr_storage
 #[pyfunction]
 pub(crate) fn tcp_connect(
     py: Python<'_>,
-    loop_obj: &Bound<'_, PyAny>,
+    loop_obj: &Bound<'_, LoopCore>,
     host: &Bound<'_, PyString>,
     port: u16,
 ) -> PyResult<Option<Started>> {
+    // As `asyncio.base_events._ipaddr_info` takes a host for a stream socket
+    // of any family: IPv4, then IPv6, never with a `%` zone.
     let Ok(text) = host.to_str() else { return Ok(None) };
-    let Some((family, ss, len)) = literal_address(text, port) else { return Ok(None) };
+    let Some(sa) = SockAddr::ip(text, 0, port, 0, 0) else { return Ok(None) };
+    let family = sa.family();
     // SAFETY: plain system calls on a descriptor created here.
     let fd = unsafe {
         libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::IPPROTO_TCP)
@@ -168,7 +85,8 @@ pub(crate) fn tcp_connect(
         unsafe { libc::close(fd) };
         Err(err)
     };
-    if unsafe { libc::connect(fd, &ss as *const _ as *const libc::sockaddr, len) } == 0 {
+    // SAFETY: a valid address of its length.
+    if unsafe { libc::connect(fd, sa.as_ptr(), sa.len) } == 0 {
         return Ok(Some((fd, family, None)));
     }
     let errno = last_errno();
@@ -208,7 +126,7 @@ pub(crate) fn tcp_connect(
 /// stops watching the fd.
 #[pyclass(module = "zuvrs._zuvrs", frozen)]
 pub(crate) struct Connecting {
-    loop_obj: Py<PyAny>,
+    loop_obj: Py<LoopCore>,
     fut: Py<PyAny>,
     fd: i32,
     family: i32,
@@ -220,7 +138,7 @@ pub(crate) struct Connecting {
 impl Connecting {
     fn __call__(&self, py: Python<'_>) -> PyResult<()> {
         let fut = self.fut.bind(py);
-        if fut.call_method0(pyo3::intern!(py, "done"))?.is_truthy()? {
+        if python::call_method(fut, python::future::done(py), ())?.is_truthy()? {
             return Ok(());
         }
         let mut err: libc::c_int = 0;
@@ -251,10 +169,10 @@ impl Connecting {
         } else {
             Ok(())
         };
-        self.loop_obj.call_method1(py, pyo3::intern!(py, "_clear_fd_handler"), (self.fd, true))?;
+        self.loop_obj.get().shared().clear_fd_handler(py, self.fd, true);
         match outcome {
-            Ok(()) => fut.call_method1(pyo3::intern!(py, "set_result"), (py.None(),))?,
-            Err(exc) => fut.call_method1(pyo3::intern!(py, "set_exception"), (exc.into_value(py),))?,
+            Ok(()) => python::call_method(fut, python::future::set_result(py), (py.None(),))?,
+            Err(exc) => python::call_method(fut, python::future::set_exception(py), (exc.into_value(py),))?,
         };
         Ok(())
     }
@@ -291,16 +209,10 @@ impl Acceptor {
     fn __call__(&self, py: Python<'_>) -> PyResult<()> {
         let mut accepted = 0;
         while accepted < self.backlog {
-            // SAFETY: the storage is large enough for any address.
-            let mut ss: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
-            let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            let mut sa = SockAddr::empty();
+            // SAFETY: the storage is as large as `len` says.
             let fd = unsafe {
-                libc::accept4(
-                    self.fd,
-                    &mut ss as *mut _ as *mut libc::sockaddr,
-                    &mut len,
-                    libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                )
+                libc::accept4(self.fd, sa.as_mut_ptr(), &mut sa.len, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
             };
             if fd < 0 {
                 return match last_errno() {
@@ -310,15 +222,15 @@ impl Acceptor {
                     }
                     libc::EAGAIN | libc::ECONNABORTED => Ok(()),
                     e @ (libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
-                        self.on_error.call1(py, (os_error(e).into_value(py),))?;
+                        python::call(self.on_error.bind(py), (os_error(e).into_value(py),))?;
                         Ok(())
                     }
                     e => Err(os_error(e)),
                 };
             }
             accepted += 1;
-            let peer = match unsafe { inet_address(py, &ss) } {
-                Ok(p) => p.map_or_else(|| py.None(), |t| t.into_any().unbind()),
+            let peer = match sa.to_python(py) {
+                Ok(p) => p,
                 Err(err) => {
                     // SAFETY: the fd is ours until on_conn takes it.
                     unsafe { libc::close(fd) };
@@ -351,7 +263,7 @@ fn call_in_new_context(py: Python<'_>, func: &Py<PyAny>, fd: i32, peer: Py<PyAny
             pyo3::ffi::Py_DECREF(ctx);
             return Err(PyErr::fetch(py));
         }
-        let result = func.call1(py, (fd, peer));
+        let result = python::call(func.bind(py), (fd, peer));
         let exited = pyo3::ffi::PyContext_Exit(ctx);
         pyo3::ffi::Py_DECREF(ctx);
         if exited < 0 {

@@ -17,7 +17,8 @@ use std::collections::HashMap;
 
 use pyo3::prelude::*;
 
-use super::LoopState;
+use super::LoopShared;
+use crate::errors::last_errno;
 use crate::handles::{Handle, Ready};
 use crate::uv::{sys, UvHandle};
 
@@ -56,25 +57,24 @@ impl Entry {
 
 pub(crate) struct FdWatchers {
     epfd: i32,
-    /// libuv's watch on `epfd`; its data points at the loop state.
+    /// libuv's watch on `epfd`; its data points at the loop.
     poll: Option<UvHandle<sys::uv_poll_t>>,
     polling: bool,
     entries: HashMap<i32, Entry>,
-}
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    /// The process that made the set. A forked child shares the epoll set
+    /// with its parent: it must never unregister anything from it.
+    pid: libc::pid_t,
 }
 
 impl FdWatchers {
     /// A new, empty selector on `uv_loop`; a positive errno on failure.
-    pub(crate) fn new(uv_loop: *mut sys::uv_loop_t, state: *mut LoopState) -> Result<Self, i32> {
+    pub(crate) fn new(uv_loop: *mut sys::uv_loop_t, shared: *const LoopShared) -> Result<Self, i32> {
         // SAFETY: plain system calls; the poll handle is initialised on an
         // open loop and owned by the returned value.
         unsafe {
             let epfd = libc::epoll_create1(libc::EPOLL_CLOEXEC);
             if epfd < 0 {
-                return Err(errno());
+                return Err(last_errno());
             }
             let poll = UvHandle::<sys::uv_poll_t>::zeroed();
             let rc = sys::uv_poll_init(uv_loop, poll.raw(), epfd);
@@ -84,8 +84,8 @@ impl FdWatchers {
                 return Err(-rc);
             }
             sys::uv_unref(poll.as_handle());
-            poll.set_data(state);
-            Ok(FdWatchers { epfd, poll: Some(poll), polling: false, entries: HashMap::new() })
+            poll.set_data(shared);
+            Ok(FdWatchers { epfd, poll: Some(poll), polling: false, entries: HashMap::new(), pid: libc::getpid() })
         }
     }
 
@@ -101,7 +101,7 @@ impl FdWatchers {
             let mut ev = libc::epoll_event { events: after, u64: fd as u64 };
             // SAFETY: epfd is ours; the kernel validates fd.
             if unsafe { libc::epoll_ctl(self.epfd, op, fd, &mut ev) } < 0 {
-                let err = errno();
+                let err = last_errno();
                 let entry = self.entries.get_mut(&fd).expect("present");
                 let mine = std::mem::replace(entry.slot(side), old);
                 if entry.mask() == 0 {
@@ -149,12 +149,22 @@ impl FdWatchers {
         self.entries.values().flat_map(|e| e.reader.iter().chain(e.writer.iter()))
     }
 
+    /// Whether this process is a fork of the one that made the set.
+    fn inherited(&self) -> bool {
+        // SAFETY: getpid has no preconditions.
+        unsafe { libc::getpid() != self.pid }
+    }
+
     /// Unregisters everything, handing the handlers to the caller.
     pub(crate) fn take_all(&mut self) -> Vec<Py<Handle>> {
         let mut out = Vec::new();
+        let shared_with_parent = self.inherited();
         for (fd, e) in self.entries.drain() {
-            let mut ev = libc::epoll_event { events: 0, u64: 0 };
-            unsafe { libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, &mut ev) };
+            if !shared_with_parent {
+                let mut ev = libc::epoll_event { events: 0, u64: 0 };
+                // SAFETY: epfd is ours; a closed fd has left the set already.
+                unsafe { libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, &mut ev) };
+            }
             out.extend(e.reader);
             out.extend(e.writer);
         }
@@ -201,7 +211,8 @@ impl FdWatchers {
         }
     }
 
-    /// Closes libuv's watch and the epoll set (loop close).
+    /// Closes libuv's watch and the epoll set (loop close; in a forked
+    /// child, only this process's copy of the set's fd).
     pub(crate) fn close(mut self) {
         if let Some(poll) = self.poll.take() {
             poll.close();
@@ -213,15 +224,13 @@ impl FdWatchers {
 }
 
 unsafe extern "C" fn on_ready(handle: *mut sys::uv_poll_t, _status: i32, _events: i32) {
-    // SAFETY: data is the live loop state (the handle closes with the loop).
-    unsafe {
-        let st = &mut *((*handle).data as *mut LoopState);
-        st.gil.reacquire();
-        st.io_seen = true;
-        let py = Python::assume_attached();
-        let st_ptr = st as *mut LoopState;
-        if let Some(fds) = (*st_ptr).fd_watchers_mut() {
-            fds.dispatch(py, &mut (*st_ptr).ready);
+    // SAFETY: data is the live loop (the handle closes with the loop).
+    let shared = unsafe { &*((*handle).data as *const LoopShared) };
+    // SAFETY: on the loop thread, inside uv_run.
+    let py = unsafe { shared.enter_io() };
+    shared.state.with(py, |st| {
+        if let Some(fds) = st.uv.as_mut().and_then(|p| p.fds.as_mut()) {
+            fds.dispatch(py, &mut st.ready);
         }
-    }
+    });
 }

@@ -1,0 +1,81 @@
+//! What the loop knows of the native objects that live on it (transport
+//! cores, name lookups in flight): the `LoopClient` trait, and nothing else.
+//!
+//! A client registers while it has a libuv handle or request on the loop,
+//! so that a loop closing first closes it too; and it asks for
+//! `before_poll` when it has work for the end of the turn (writes to flush,
+//! reads to re-arm). The loop depends on no transport this way: transports
+//! depend on the loop.
+
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+
+use pyo3::prelude::*;
+
+pub(crate) trait LoopClient {
+    /// The work asked for with `LoopShared::before_poll`, run once just
+    /// before the loop next polls (the end of the turn).
+    fn before_poll(&self, py: Python<'_>) -> PyResult<()>;
+
+    /// The loop is closing while the client is registered: close its libuv
+    /// handle or cancel its request now, and let go of Python objects that
+    /// the completion would have used.
+    fn close_with_loop(&self, py: Python<'_>);
+}
+
+/// A registered client. It stays valid while registered: a client
+/// unregisters before it is freed.
+#[derive(Clone, Copy)]
+pub(crate) struct ClientPtr(pub(crate) *const dyn LoopClient);
+
+impl ClientPtr {
+    fn addr(&self) -> *const () {
+        self.0 as *const ()
+    }
+}
+
+impl PartialEq for ClientPtr {
+    fn eq(&self, other: &Self) -> bool {
+        self.addr() == other.addr()
+    }
+}
+
+impl Eq for ClientPtr {}
+
+impl Hash for ClientPtr {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.addr().hash(state)
+    }
+}
+
+/// The loop's clients: those open on it, and those due before the next poll.
+#[derive(Default)]
+pub(crate) struct Clients {
+    open: HashSet<ClientPtr>,
+    /// Each with the Python object that keeps it alive until then.
+    due: Vec<(Py<PyAny>, ClientPtr)>,
+}
+
+impl Clients {
+    pub(crate) fn register(&mut self, client: ClientPtr) {
+        self.open.insert(client);
+    }
+
+    pub(crate) fn unregister(&mut self, client: ClientPtr) {
+        self.open.remove(&client);
+    }
+
+    pub(crate) fn add_due(&mut self, keep_alive: Py<PyAny>, client: ClientPtr) {
+        self.due.push((keep_alive, client));
+    }
+
+    /// The clients due now (those that ask while they run are due next).
+    pub(crate) fn take_due(&mut self) -> Vec<(Py<PyAny>, ClientPtr)> {
+        std::mem::take(&mut self.due)
+    }
+
+    /// Everything, for the loop's close.
+    pub(crate) fn take_all(&mut self) -> (Vec<ClientPtr>, Vec<(Py<PyAny>, ClientPtr)>) {
+        (self.open.drain().collect(), std::mem::take(&mut self.due))
+    }
+}

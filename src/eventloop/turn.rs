@@ -1,0 +1,322 @@
+//! One turn of the loop, as asyncio's `_run_once`:
+//!
+//! 1. The work clients left for the end of the last turn (writes to flush,
+//!    reads to re-arm), so the loop never sleeps with unsent data.
+//! 2. `uv_run` once: without blocking when callbacks are ready or a stop is
+//!    pending, else blocking until I/O, a wake-up or the earliest timer. The
+//!    GIL is released just for the poll (see gil.rs). I/O callbacks queue
+//!    their handles (fd watchers) or call protocols directly (transports).
+//! 3. Due timers move to the ready queue, after the I/O callbacks.
+//! 4. The callbacks queued when the turn began run; those they schedule wait
+//!    for the next turn.
+//!
+//! While callbacks keep the queue busy a non-blocking poll rarely finds
+//! anything, so it is skipped unless `BUSY_POLL_INTERVAL` has passed; while
+//! I/O keeps flowing, a loop about to block first looks ahead with a
+//! non-blocking poll (see `PollPacing`).
+
+use pyo3::prelude::*;
+
+use super::{monotonic, report_callback_error, LoopCore, LoopShared};
+use crate::errors::{closed_error, is_fatal_base};
+use crate::handles::{release_handle, run_in_context, Ready};
+use crate::python;
+use crate::uv::sys;
+
+/// How often a loop whose ready queue never empties still polls for I/O.
+const BUSY_POLL_INTERVAL: f64 = 50e-6;
+
+/// After a look-ahead poll found nothing, how many chances to look ahead
+/// are skipped before trying again.
+const LOOK_AHEAD_BACKOFF: u32 = 7;
+
+/// When the loop last polled, and whether that poll found I/O.
+#[derive(Default)]
+pub(super) struct PollPacing {
+    last_poll: f64,
+    last_had_io: bool,
+    /// Look-ahead chances still to skip (0: look ahead).
+    look_ahead_skip: u32,
+}
+
+impl PollPacing {
+    /// Whether this turn polls at all: always when the loop may block (no
+    /// callback ready), is stopping, or just saw I/O; otherwise once every
+    /// BUSY_POLL_INTERVAL, which keeps I/O latency negligible at a fraction
+    /// of the cost of a poll per turn.
+    fn should_poll(&self, busy: bool, stopping: bool, now: f64) -> bool {
+        !busy || stopping || self.last_had_io || now - self.last_poll >= BUSY_POLL_INTERVAL
+    }
+
+    /// Whether a loop about to block should first poll without blocking.
+    /// Worth it while I/O keeps flowing (the look-ahead finds the next event
+    /// at once and the blocking poll's GIL hand-off and timeout set-up are
+    /// saved); after a look-ahead that found nothing it is tried only every
+    /// LOOK_AHEAD_BACKOFF + 1 chances, so a loop that really waits (request
+    /// and response across processes) seldom pays the extra poll.
+    fn look_ahead(&mut self) -> bool {
+        if !self.last_had_io {
+            return false;
+        }
+        if self.look_ahead_skip == 0 {
+            return true;
+        }
+        self.look_ahead_skip -= 1;
+        false
+    }
+
+    fn looked_ahead(&mut self, found: bool) {
+        self.look_ahead_skip = if found { 0 } else { LOOK_AHEAD_BACKOFF };
+    }
+}
+
+/// `_run_loop`: turns until `stop()`.
+pub(super) fn run_forever(slf: &Bound<'_, LoopCore>) -> PyResult<()> {
+    let py = slf.py();
+    let shared = slf.get().shared();
+    shared.state.with(py, |st| -> PyResult<()> {
+        let parts = st.uv.as_ref().ok_or_else(closed_error)?;
+        // SAFETY: the prepare handle is initialised on the open loop.
+        unsafe { sys::uv_prepare_start(parts.prepare.raw(), Some(super::on_prepare)) };
+        Ok(())
+    })?;
+    let mut pacing = PollPacing::default();
+    let result = loop {
+        if let Err(e) = run_turn(py, slf.as_any(), shared, &mut pacing) {
+            break Err(e);
+        }
+        if shared.state.with(py, |st| st.stopping) {
+            break Ok(());
+        }
+    };
+    shared.state.with(py, |st| {
+        if let Some(parts) = st.uv.as_ref() {
+            // SAFETY: as above.
+            unsafe { sys::uv_prepare_stop(parts.prepare.raw()) };
+        }
+    });
+    // What the last turn wrote goes out before run_forever returns.
+    let flushed = shared.run_before_poll(py);
+    result.and(flushed)
+}
+
+/// `_run_once`: one turn, for code that drives the loop by hand.
+pub(super) fn run_once(slf: &Bound<'_, LoopCore>) -> PyResult<()> {
+    let py = slf.py();
+    let shared = slf.get().shared();
+    run_turn(py, slf.as_any(), shared, &mut PollPacing::default())?;
+    shared.run_before_poll(py)
+}
+
+/// Arms the uv timer for the earliest live deadline before a blocking poll.
+fn arm_timer(py: Python<'_>, shared: &LoopShared) {
+    shared.state.with(py, |st| {
+        st.timers.prune(py);
+        let next = st.timers.next_deadline();
+        let Some(parts) = st.uv.as_mut() else { return };
+        match next {
+            None => {
+                if !parts.armed_for.is_nan() {
+                    // SAFETY: the timer is initialised on the open loop.
+                    unsafe { sys::uv_timer_stop(parts.timer.raw()) };
+                    parts.armed_for = f64::NAN;
+                }
+            }
+            Some(when) => {
+                // SAFETY: as above.
+                let active = unsafe { sys::uv_is_active(parts.timer.as_handle()) } != 0;
+                if active && parts.armed_for == when {
+                    return;
+                }
+                // libuv counts whole milliseconds on the same clock; rounding
+                // the deadline up means the timer never fires early.
+                let now_ms = parts.uv.now_ms();
+                let due_ms = (when * 1000.0).ceil();
+                let delay = if due_ms.is_nan() || due_ms <= now_ms as f64 {
+                    0
+                } else if due_ms >= u64::MAX as f64 {
+                    u64::MAX / 2
+                } else {
+                    due_ms as u64 - now_ms
+                };
+                // SAFETY: as above.
+                unsafe { sys::uv_timer_start(parts.timer.raw(), Some(super::on_timer), delay, 0) };
+                parts.armed_for = when;
+            }
+        }
+    })
+}
+
+/// Moves due timers to the ready queue; `now` is the time just read, if any.
+fn collect_due_timers(py: Python<'_>, shared: &LoopShared, now: Option<f64>) {
+    let released = shared.state.with(py, |st| {
+        let mut released = Vec::new();
+        if st.timers.len() == 0 {
+            return released;
+        }
+        st.timers.prune(py);
+        let now = now.unwrap_or_else(monotonic);
+        while let Some(h) = st.timers.pop_due(py, now) {
+            if h.get().is_cancelled(py) {
+                released.push(h);
+            } else {
+                st.ready.push_back(Ready::Timer(h));
+            }
+        }
+        released
+    });
+    for h in released {
+        release_handle(h);
+    }
+}
+
+/// One `uv_run`. No state borrow is held across it: callbacks re-derive the
+/// state from their handles' data pointers.
+fn uv_run(py: Python<'_>, shared: &LoopShared, raw: *mut sys::uv_loop_t, mode: sys::uv_run_mode, may_block: bool) {
+    // Only a poll that may block hands the GIL to other threads; a busy loop
+    // yields it through the interpreter's switch interval like any Python
+    // code.
+    shared.gil.set_release_before_poll(may_block);
+    let _ = py;
+    // SAFETY: the loop is open (raw was read from the state this turn) and
+    // used on its thread; the GIL is released only in the prepare callback
+    // and taken back by the first callback that needs it, or below.
+    unsafe {
+        sys::uv_run(raw, mode);
+        shared.gil.reacquire();
+    }
+}
+
+/// One turn: flush writes, poll (or skip an idle poll), move due timers
+/// to the ready queue, run the callbacks queued when the turn began.
+fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing: &mut PollPacing) -> PyResult<()> {
+    shared.run_before_poll(py)?;
+    let (raw, busy, stopping) = shared.state.with(py, |st| {
+        let raw = st.uv.as_ref().map(|p| p.uv.raw());
+        (raw, !st.ready.is_empty() || st.stopping, st.stopping)
+    });
+    let Some(raw) = raw else { return Err(closed_error()) };
+    let now = if busy { monotonic() } else { 0.0 };
+    // The time after a poll that may have waited, for the timers too.
+    let mut polled_at = None;
+    if pacing.should_poll(busy, stopping, now) {
+        shared.io_seen.set(false);
+        let mut found = false;
+        if !busy && pacing.look_ahead() {
+            uv_run(py, shared, raw, sys::uv_run_mode_UV_RUN_NOWAIT, false);
+            found = shared.io_seen.get()
+                || shared.state.with(py, |st| !st.ready.is_empty() || st.stopping || st.pending_error.is_some());
+            pacing.looked_ahead(found);
+        }
+        if !found {
+            let mode = if busy {
+                sys::uv_run_mode_UV_RUN_NOWAIT
+            } else {
+                arm_timer(py, shared);
+                sys::uv_run_mode_UV_RUN_ONCE
+            };
+            uv_run(py, shared, raw, mode, !busy);
+        }
+        if !busy {
+            let t = monotonic();
+            polled_at = Some(t);
+            pacing.last_poll = t;
+        } else {
+            pacing.last_poll = now;
+        }
+        pacing.last_had_io = shared.io_seen.get();
+        if let Some(err) = shared.state.with(py, |st| st.pending_error.take()) {
+            return Err(err);
+        }
+    }
+    collect_due_timers(py, shared, polled_at);
+    run_ready(slf, shared)
+}
+
+/// Runs the callbacks queued when the turn began.
+fn run_ready(slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<()> {
+    let py = slf.py();
+    let n = shared.state.with(py, |st| st.ready.len());
+    for _ in 0..n {
+        // close() from a callback empties the queue; stop there.
+        let Some((item, debug)) = shared.state.with(py, |st| st.ready.pop_front().map(|i| (i, st.debug))) else {
+            break;
+        };
+        let run = item.with_core(py, |c| c.take_for_run(debug).map(|cb| (cb, c.run_context())));
+        let Some((cb, (ctx, shared_ctx))) = run else {
+            item.release();
+            continue;
+        };
+        let started = debug.then(monotonic);
+        if shared_ctx {
+            shared.state.with(py, |st| st.ctx_cache.set_running(ctx));
+        }
+        // SAFETY: GIL held; no borrow of native state is live here; `item`
+        // keeps the context alive.
+        let ok = unsafe { run_in_context(&cb, ctx, shared_ctx) };
+        if shared_ctx {
+            shared.state.with(py, |st| st.ctx_cache.set_running(std::ptr::null_mut()));
+        }
+        if !ok {
+            let err = PyErr::fetch(py);
+            if is_fatal_base(py, &err) {
+                return Err(err);
+            }
+            report_callback_error(slf, &item, &cb, err)?;
+        }
+        if let Some(t0) = started {
+            let dt = monotonic() - t0;
+            let limit: f64 = slf.getattr(python::event_loop::slow_callback_duration(py))?.extract()?;
+            if dt >= limit {
+                // SAFETY: the item and the callback hold these objects.
+                let (h, func) =
+                    unsafe { (Bound::from_borrowed_ptr(py, item.as_ptr()), Bound::from_borrowed_ptr(py, cb.func())) };
+                python::call_method(slf, python::event_loop::_warn_slow_callback(py), (h, func, dt))?;
+            }
+            let dropped = item.with_core(py, |c| c.finish_run());
+            drop(dropped);
+        }
+        drop(cb);
+        item.release();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_loop_always_polls() {
+        let p = PollPacing { last_poll: 100.0, last_had_io: false, look_ahead_skip: 0 };
+        assert!(p.should_poll(false, false, 100.0));
+    }
+
+    #[test]
+    fn a_busy_loop_polls_every_interval() {
+        let p = PollPacing { last_poll: 1.0, last_had_io: false, look_ahead_skip: 0 };
+        assert!(!p.should_poll(true, false, 1.0 + BUSY_POLL_INTERVAL / 2.0));
+        assert!(p.should_poll(true, false, 1.0 + BUSY_POLL_INTERVAL));
+        assert!(p.should_poll(true, true, 1.0), "a stopping loop polls once more");
+        let flowing = PollPacing { last_had_io: true, ..p };
+        assert!(flowing.should_poll(true, false, 1.0), "a loop moving I/O polls every turn");
+    }
+
+    #[test]
+    fn look_ahead_backs_off_after_a_miss() {
+        let mut p = PollPacing { last_poll: 0.0, last_had_io: true, look_ahead_skip: 0 };
+        assert!(p.look_ahead());
+        p.looked_ahead(false);
+        let skipped = (0..LOOK_AHEAD_BACKOFF).filter(|_| !p.look_ahead()).count();
+        assert_eq!(skipped as u32, LOOK_AHEAD_BACKOFF);
+        assert!(p.look_ahead(), "tried again after the back-off");
+        p.looked_ahead(true);
+        assert!(p.look_ahead(), "a hit keeps looking ahead");
+    }
+
+    #[test]
+    fn no_look_ahead_without_io() {
+        let mut p = PollPacing::default();
+        assert!(!p.look_ahead());
+    }
+}

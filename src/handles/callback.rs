@@ -1,0 +1,166 @@
+//! A pending call: the function and its positional arguments, as owned
+//! references, and how it is called inside a context.
+
+use std::ptr::{self, NonNull};
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use pyo3::{PyTraverseError, PyVisit};
+use smallvec::SmallVec;
+
+/// Positional arguments of a callback in one word, so that a handle fits
+/// CPython's 64-byte allocation class (one cache line, which matters when a
+/// handle made by one thread is run by another): no argument, the single
+/// argument inline (the common cases: task steps and future callbacks), or
+/// a tagged pointer to a heap list for two or more.
+pub(crate) struct Args(usize);
+
+/// Two or more arguments.
+type ArgList = SmallVec<[*mut ffi::PyObject; 4]>;
+
+/// Set on `Args` words that point at an `ArgList` (object and box pointers are
+/// at least 8-byte aligned, so bit 0 is free).
+const HEAP_ARGS: usize = 1;
+
+impl Args {
+    /// Borrows (does not take) the `nargs` pointers at `args`.
+    #[inline(always)]
+    unsafe fn from_raw(args: *const *mut ffi::PyObject, nargs: usize) -> Args {
+        unsafe {
+            match nargs {
+                0 => Args(0),
+                1 => Args(*args as usize),
+                _ => {
+                    let list: Box<ArgList> =
+                        Box::new(std::slice::from_raw_parts(args, nargs).iter().copied().collect());
+                    Args(Box::into_raw(list) as usize | HEAP_ARGS)
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn as_slice(&self) -> &[*mut ffi::PyObject] {
+        if self.0 == 0 {
+            &[]
+        } else if self.0 & HEAP_ARGS == 0 {
+            // SAFETY: the word is the one argument's pointer.
+            std::slice::from_ref(unsafe { &*(&self.0 as *const usize as *const *mut ffi::PyObject) })
+        } else {
+            // SAFETY: a tagged pointer from Box::into_raw, owned by self.
+            unsafe { (*((self.0 & !HEAP_ARGS) as *const ArgList)).as_slice() }
+        }
+    }
+}
+
+impl Drop for Args {
+    fn drop(&mut self) {
+        if self.0 & HEAP_ARGS != 0 {
+            // SAFETY: made by Box::into_raw in from_raw; dropped once.
+            drop(unsafe { Box::from_raw((self.0 & !HEAP_ARGS) as *mut ArgList) });
+        }
+    }
+}
+
+/// The owned references of a pending call: the function and its arguments.
+/// Dropped only with the GIL held (handles live and die under the GIL).
+pub(crate) struct Callback {
+    func: NonNull<ffi::PyObject>,
+    args: Args,
+}
+
+// SAFETY: the references are only touched while holding the GIL.
+unsafe impl Send for Callback {}
+
+impl Callback {
+    /// Takes new references to `func` and the `nargs` objects at `args`.
+    ///
+    /// # Safety
+    /// GIL held; `func` is valid and `args` points at `nargs` valid objects.
+    #[inline(always)]
+    pub(crate) unsafe fn new(func: *mut ffi::PyObject, args: *const *mut ffi::PyObject, nargs: usize) -> Callback {
+        unsafe {
+            for i in 0..nargs {
+                ffi::Py_INCREF(*args.add(i));
+            }
+            ffi::Py_INCREF(func);
+            Callback { func: NonNull::new_unchecked(func), args: Args::from_raw(args, nargs) }
+        }
+    }
+
+    /// A second owner of the same references (for handles that run many times).
+    #[inline]
+    pub(crate) fn clone_refs(&self) -> Callback {
+        let args = self.args.as_slice();
+        unsafe {
+            ffi::Py_INCREF(self.func.as_ptr());
+            for &a in args {
+                ffi::Py_INCREF(a);
+            }
+            Callback { func: self.func, args: Args::from_raw(args.as_ptr(), args.len()) }
+        }
+    }
+
+    #[inline]
+    pub(crate) fn func(&self) -> *mut ffi::PyObject {
+        self.func.as_ptr()
+    }
+
+    /// The positional arguments as a new tuple (for repr and error reports).
+    pub(crate) fn args_tuple<'py>(&self, py: Python<'py>) -> Bound<'py, PyTuple> {
+        let items = self.args.as_slice().iter().map(|&a| unsafe { Bound::from_borrowed_ptr(py, a) });
+        PyTuple::new(py, items).expect("tuple of borrowed objects")
+    }
+
+    /// Calls the function inside `ctx`. Returns false if it raised (the
+    /// exception is left set).
+    ///
+    /// # Safety
+    /// GIL held; `ctx` is a live context.
+    #[inline]
+    pub(crate) unsafe fn call_in(&self, ctx: *mut ffi::PyObject) -> bool {
+        crate::cell::check_crossing();
+        unsafe {
+            if ffi::PyContext_Enter(ctx) < 0 {
+                return false;
+            }
+            let args = self.args.as_slice();
+            let res = ffi::PyObject_Vectorcall(self.func.as_ptr(), args.as_ptr(), args.len(), ptr::null_mut());
+            let exited = ffi::PyContext_Exit(ctx) == 0;
+            if res.is_null() {
+                return false;
+            }
+            ffi::Py_DECREF(res);
+            exited
+        }
+    }
+
+    pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(as_py(&self.func.as_ptr()))?;
+        for a in self.args.as_slice() {
+            visit.call(as_py(a))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Callback {
+    fn drop(&mut self) {
+        // SAFETY: callbacks are dropped with the GIL held (see type docs).
+        unsafe {
+            ffi::Py_DECREF(self.func.as_ptr());
+            for &a in self.args.as_slice() {
+                ffi::Py_DECREF(a);
+            }
+        }
+    }
+}
+
+/// Views an object pointer as `&Py<PyAny>` for `PyVisit`.
+#[inline]
+pub(crate) fn as_py(p: &*mut ffi::PyObject) -> &Py<PyAny> {
+    // SAFETY: Py<T> has the layout of a non-null object pointer, and every
+    // pointer passed here is non-null.
+    unsafe { &*(p as *const *mut ffi::PyObject as *const Py<PyAny>) }
+}

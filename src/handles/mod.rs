@@ -1,0 +1,409 @@
+//! `Handle` and `TimerHandle`: a scheduled callback and how it is called.
+//!
+//! A handle keeps its callback, its arguments in one word (`callback::Args`)
+//! and the context to run in, in 64 bytes; its objects come from its class's
+//! `HandlePool` (pool.rs). While a loop queues a handle the handle is not
+//! tracked by the cyclic GC: the loop reports its references instead
+//! (LoopCore's `__traverse__`), so a million pending callbacks cost the GC
+//! nothing. A one-shot handle drops its callback as soon as it has run; when
+//! the loop lets go of a handle that somebody else still holds, the handle
+//! is tracked again (`release_handle`) and reports its context itself.
+//!
+//! - callback.rs: the pending call (function and arguments)
+//! - core.rs: a handle's state, in a `NativeCell`
+//! - context.rs: the contexts callbacks run in, shared while unchanged
+//! - pool.rs: where handle objects come from and go to
+
+mod callback;
+pub(crate) mod context;
+mod core;
+mod pool;
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::cell::NativeCell;
+use crate::python;
+pub(crate) use callback::Callback;
+pub(crate) use core::HandleCore;
+use pool::{HandlePool, HANDLE_POOL_CAP, TIMER_HANDLE_POOL_CAP};
+
+/// Runs `cb` in the handle's context (see context.rs for shared snapshots).
+///
+/// # Safety
+/// GIL held; `ctx` stays alive for the call (the caller holds the handle).
+#[inline]
+pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shared: bool) -> bool {
+    // SAFETY: per the contract.
+    unsafe { context::run_in(ctx, shared, |c| cb.call_in(c)) }
+}
+
+/// Lets go of a handle the loop no longer queues. Queued handles are not
+/// tracked by the GC (the loop reports their references); one that somebody
+/// else still holds is tracked from now on, so a cycle through its context
+/// can still be collected.
+#[inline]
+pub(crate) fn release_handle<T>(handle: Py<T>) {
+    let p = handle.into_ptr();
+    // SAFETY: GIL held by every caller; the object is a live pyo3 instance
+    // and this was our reference (a plain decref: Py's drop would first ask
+    // pyo3 whether the thread is attached, on every callback).
+    unsafe {
+        if ffi::Py_REFCNT(p) > 1 && ffi::PyObject_GC_IsTracked(p) == 0 {
+            ffi::PyObject_GC_Track(p as *mut _);
+        }
+        ffi::Py_DECREF(p);
+    }
+}
+
+/// The state of a handle of either class.
+pub(crate) trait HasCore {
+    fn core_cell(&self) -> &NativeCell<HandleCore>;
+
+    /// Runs `f` on the handle's state (see `NativeCell::with`).
+    #[inline(always)]
+    fn with_core<R>(&self, py: Python<'_>, f: impl FnOnce(&mut HandleCore) -> R) -> R {
+        self.core_cell().with(py, f)
+    }
+
+    /// Records where the handle was created (debug mode).
+    fn set_source_traceback(&self, py: Python<'_>, tb: Py<PyAny>) {
+        self.with_core(py, |c| c.set_source_traceback(tb))
+    }
+}
+
+/// asyncio's repr of a handle: `<Handle cancelled when=... cb(args) created at file:line>`.
+fn repr_of(py: Python<'_>, kind: &str, when: Option<f64>, cell: &NativeCell<HandleCore>) -> PyResult<String> {
+    // Copied out first: formatting the callback runs Python code.
+    let (cancelled, traced, callback, traceback) = cell
+        .with(py, |c| (c.cancelled, c.traced, c.callback.as_ref().map(Callback::clone_refs), c.source_traceback(py)));
+    let mut parts = vec![kind.to_string()];
+    if cancelled {
+        parts.push("cancelled".into());
+    }
+    if let Some(w) = when {
+        parts.push(format!("when={}", pyo3::types::PyFloat::new(py, w).repr()?));
+    }
+    if let Some(cb) = &callback {
+        let helpers = python::format_helpers(py)?;
+        // SAFETY: the callback holds a reference to its function.
+        let func = unsafe { Bound::from_borrowed_ptr(py, cb.func()) };
+        // 3.13+ shows the arguments only in debug mode (gh-112997). asyncio
+        // asks the handle's loop; a zuvrs handle has no loop reference, but
+        // it records a source traceback exactly when created in debug mode.
+        #[cfg(Py_3_13)]
+        let src = {
+            let kwargs = pyo3::types::PyDict::new(py);
+            kwargs.set_item("debug", traced)?;
+            crate::cell::check_crossing();
+            helpers.call_method("_format_callback_source", (func, cb.args_tuple(py)), Some(&kwargs))?
+        };
+        #[cfg(not(Py_3_13))]
+        let src = {
+            let _ = traced;
+            python::call_method(helpers, pyo3::intern!(py, "_format_callback_source"), (func, cb.args_tuple(py)))?
+        };
+        parts.push(src.extract()?);
+    }
+    if let Some(tb) = traceback {
+        let tb = tb.bind(py);
+        if tb.len()? > 0 {
+            let frame = tb.get_item(-1)?;
+            parts.push(format!("created at {}:{}", frame.get_item(0)?, frame.get_item(1)?));
+        }
+    }
+    Ok(format!("<{}>", parts.join(" ")))
+}
+
+/// The handle's context for Python code (a private copy when shared).
+fn context_of(py: Python<'_>, cell: &NativeCell<HandleCore>) -> Py<PyAny> {
+    let ctx = cell.with(py, |c| c.private_context());
+    // SAFETY: the handle holds a reference to its context.
+    unsafe { Bound::from_borrowed_ptr(py, ctx).unbind() }
+}
+
+static HANDLE_POOL: HandlePool = HandlePool::new(dealloc_handle, HANDLE_POOL_CAP);
+static TIMER_HANDLE_POOL: HandlePool = HandlePool::new(dealloc_timer_handle, TIMER_HANDLE_POOL_CAP);
+
+unsafe extern "C" fn dealloc_handle(obj: *mut ffi::PyObject) {
+    // SAFETY: installed as Handle's tp_dealloc; CPython calls it with the GIL.
+    unsafe { HANDLE_POOL.dealloc::<Handle>(obj) }
+}
+
+unsafe extern "C" fn dealloc_timer_handle(obj: *mut ffi::PyObject) {
+    // SAFETY: installed as TimerHandle's tp_dealloc, as above.
+    unsafe { TIMER_HANDLE_POOL.dealloc::<TimerHandle>(obj) }
+}
+
+/// A callback scheduled with `call_soon`, or a reader/writer/signal callback.
+/// Made through `HANDLE_POOL`.
+#[pyclass(module = "zuvrs", name = "Handle", frozen)]
+pub struct Handle {
+    core: NativeCell<HandleCore>,
+}
+
+impl HasCore for Handle {
+    #[inline]
+    fn core_cell(&self) -> &NativeCell<HandleCore> {
+        &self.core
+    }
+}
+
+impl Handle {
+    #[inline(always)]
+    pub(crate) fn create(py: Python<'_>, core: HandleCore) -> PyResult<Bound<'_, Handle>> {
+        HANDLE_POOL.create(py, Handle { core: NativeCell::new(core) })
+    }
+
+    /// Cancels from Rust (loop close, remove_reader).
+    pub(crate) fn cancel_now(&self, py: Python<'_>) {
+        // The references are dropped after the borrow ends.
+        let dropped = self.core.with(py, |c| c.cancel());
+        drop(dropped);
+    }
+}
+
+#[pymethods]
+impl Handle {
+    #[new]
+    fn py_new() -> PyResult<Self> {
+        Err(PyTypeError::new_err("zuvrs.Handle cannot be created directly; use loop.call_soon()"))
+    }
+
+    /// Cancels the call; a no-op if it already ran or was cancelled.
+    fn cancel(&self, py: Python<'_>) {
+        self.cancel_now(py);
+    }
+
+    fn cancelled(&self, py: Python<'_>) -> bool {
+        self.core.with(py, |c| c.cancelled)
+    }
+
+    /// The context the callback runs in.
+    fn get_context(&self, py: Python<'_>) -> Py<PyAny> {
+        context_of(py, &self.core)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        // SAFETY: the GC holds the GIL; visiting only reads.
+        unsafe { self.core.peek(|c| c.visit(&visit)) }
+    }
+
+    /// Where the handle was created, in debug mode (else None).
+    #[getter]
+    fn _source_traceback(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.core.with(py, |c| c.source_traceback(py))
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        repr_of(py, "Handle", None, &self.core)
+    }
+}
+
+/// Count of cancelled timers still sitting in a loop's heap, shared between the
+/// loop and its timer handles so the heap knows when to compact.
+pub(crate) struct TimerBook {
+    pub(crate) cancelled_in_heap: Cell<usize>,
+}
+
+/// `Rc<TimerBook>` that may sit in a pyclass.
+pub(crate) struct SharedBook(pub(crate) Rc<TimerBook>);
+// SAFETY: only touched with the GIL held.
+unsafe impl Send for SharedBook {}
+// SAFETY: as above.
+unsafe impl Sync for SharedBook {}
+
+/// A callback scheduled with `call_later` / `call_at`.
+/// Made through `TIMER_HANDLE_POOL`.
+#[pyclass(module = "zuvrs", name = "TimerHandle", frozen)]
+pub struct TimerHandle {
+    core: NativeCell<HandleCore>,
+    when: f64,
+    /// True while the handle sits in the loop's timer heap.
+    scheduled: Cell<bool>,
+    book: SharedBook,
+}
+
+// SAFETY: `scheduled` (the one field outside a NativeCell that changes) is
+// only touched with the GIL held.
+unsafe impl Sync for TimerHandle {}
+
+impl HasCore for TimerHandle {
+    #[inline]
+    fn core_cell(&self) -> &NativeCell<HandleCore> {
+        &self.core
+    }
+}
+
+impl TimerHandle {
+    #[inline]
+    pub(crate) fn create<'py>(
+        py: Python<'py>,
+        when: f64,
+        core: HandleCore,
+        book: &Rc<TimerBook>,
+    ) -> PyResult<Bound<'py, TimerHandle>> {
+        TIMER_HANDLE_POOL.create(
+            py,
+            TimerHandle {
+                core: NativeCell::new(core),
+                when,
+                scheduled: Cell::new(true),
+                book: SharedBook(book.clone()),
+            },
+        )
+    }
+
+    #[inline]
+    pub(crate) fn is_cancelled(&self, py: Python<'_>) -> bool {
+        self.core.with(py, |c| c.cancelled)
+    }
+
+    /// Called by the heap when the handle leaves it.
+    #[inline]
+    pub(crate) fn unschedule(&self) {
+        self.scheduled.set(false);
+    }
+
+    pub(crate) fn cancel_now(&self, py: Python<'_>) {
+        let dropped = self.core.with(py, |c| {
+            if !c.cancelled && self.scheduled.get() {
+                let n = &self.book.0.cancelled_in_heap;
+                n.set(n.get() + 1);
+            }
+            c.cancel()
+        });
+        drop(dropped);
+    }
+}
+
+#[pymethods]
+impl TimerHandle {
+    #[new]
+    fn py_new() -> PyResult<Self> {
+        Err(PyTypeError::new_err("zuvrs.TimerHandle cannot be created directly; use loop.call_later()"))
+    }
+
+    fn cancel(&self, py: Python<'_>) {
+        self.cancel_now(py);
+    }
+
+    fn cancelled(&self, py: Python<'_>) -> bool {
+        self.is_cancelled(py)
+    }
+
+    /// The absolute time (in `loop.time()` terms) the callback is due.
+    fn when(&self) -> f64 {
+        self.when
+    }
+
+    /// The context the callback runs in.
+    fn get_context(&self, py: Python<'_>) -> Py<PyAny> {
+        context_of(py, &self.core)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        // SAFETY: the GC holds the GIL; visiting only reads.
+        unsafe { self.core.peek(|c| c.visit(&visit)) }
+    }
+
+    /// Where the handle was created, in debug mode (else None).
+    #[getter]
+    fn _source_traceback(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.core.with(py, |c| c.source_traceback(py))
+    }
+
+    fn __hash__(&self) -> u64 {
+        // Same rule as asyncio: timer handles hash by deadline.
+        self.when.to_bits()
+    }
+
+    fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: pyo3::basic::CompareOp) -> Py<PyAny> {
+        let py = other.py();
+        let Ok(other) = other.cast::<TimerHandle>() else {
+            return py.NotImplemented();
+        };
+        let o = other.get();
+        use pyo3::basic::CompareOp::*;
+        let r = match op {
+            Lt => self.when < o.when,
+            Le => self.when <= o.when || std::ptr::eq(self, o),
+            Gt => self.when > o.when,
+            Ge => self.when >= o.when || std::ptr::eq(self, o),
+            Eq => std::ptr::eq(self, o),
+            Ne => !std::ptr::eq(self, o),
+        };
+        r.into_pyobject(py).expect("bool").to_owned().into_any().unbind()
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        repr_of(py, "TimerHandle", Some(self.when), &self.core)
+    }
+}
+
+/// A queued handle of either kind.
+pub(crate) enum Ready {
+    Soon(Py<Handle>),
+    Timer(Py<TimerHandle>),
+}
+
+impl Ready {
+    /// Runs `f` on the handle's state (see `NativeCell::with`).
+    #[inline(always)]
+    pub(crate) fn with_core<R>(&self, py: Python<'_>, f: impl FnOnce(&mut HandleCore) -> R) -> R {
+        match self {
+            Ready::Soon(h) => h.get().with_core(py, f),
+            Ready::Timer(h) => h.get().with_core(py, f),
+        }
+    }
+
+    /// The handle's state for the cyclic GC (see `NativeCell::peek`).
+    ///
+    /// # Safety
+    /// GIL held; `f` only reads.
+    #[inline]
+    pub(crate) unsafe fn peek_core<R>(&self, f: impl FnOnce(&HandleCore) -> R) -> R {
+        // SAFETY: per the contract.
+        unsafe {
+            match self {
+                Ready::Soon(h) => h.get().core_cell().peek(f),
+                Ready::Timer(h) => h.get().core_cell().peek(f),
+            }
+        }
+    }
+
+    #[inline]
+    pub(crate) fn as_ptr(&self) -> *mut ffi::PyObject {
+        match self {
+            Ready::Soon(h) => h.as_ptr(),
+            Ready::Timer(h) => h.as_ptr(),
+        }
+    }
+
+    pub(crate) fn cancel(&self, py: Python<'_>) {
+        match self {
+            Ready::Soon(h) => h.get().cancel_now(py),
+            Ready::Timer(h) => h.get().cancel_now(py),
+        }
+    }
+
+    /// Lets go of the handle (see `release_handle`).
+    #[inline]
+    pub(crate) fn release(self) {
+        match self {
+            Ready::Soon(h) => release_handle(h),
+            Ready::Timer(h) => release_handle(h),
+        }
+    }
+}
+
+// A Handle must stay within CPython's 64-byte allocation class (with the
+// object and GC headers, 32 bytes): see `callback::Args` and the memory
+// target in the README. (Debug builds add a borrow flag to the cell.)
+#[cfg(not(debug_assertions))]
+const _: () = assert!(std::mem::size_of::<NativeCell<HandleCore>>() <= 32);

@@ -1,0 +1,360 @@
+//! Socket addresses: IPv4, IPv6 and Unix, between the kernel's form
+//! (`sockaddr_storage`) and the socket module's Python form.
+//!
+//! Parsing and printing follow the socket module exactly: host text through
+//! `inet_pton` / `inet_ntop` (the C library's, as CPython's `socketmodule.c`
+//! uses), Unix paths encoded and decoded with the filesystem encoding,
+//! abstract names as bytes. Anything the module would resolve, convert or
+//! reject in its own way (names, IDNA, scope ids in the text, str
+//! subclasses, over-long paths) is not parsed here: the caller hands it to
+//! the socket module.
+
+use std::ffi::{c_void, CStr};
+use std::mem::MaybeUninit;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString, PyTuple};
+
+use crate::errors::{last_errno, os_error};
+
+// The C library's address text conversions, which the libc crate does not
+// declare.
+extern "C" {
+    fn inet_pton(af: libc::c_int, src: *const libc::c_char, dst: *mut c_void) -> libc::c_int;
+    fn inet_ntop(
+        af: libc::c_int,
+        src: *const c_void,
+        dst: *mut libc::c_char,
+        size: libc::socklen_t,
+    ) -> *const libc::c_char;
+}
+
+/// Where `sun_path` starts in a `sockaddr_un` (after the family).
+const SUN_PATH_OFFSET: usize = std::mem::size_of::<libc::sa_family_t>();
+/// The size of `sun_path`.
+const SUN_PATH_LEN: usize = std::mem::size_of::<libc::sockaddr_un>() - SUN_PATH_OFFSET;
+/// Longer than any IPv4 or IPv6 address text (INET6_ADDRSTRLEN is 46).
+const TEXT_MAX: usize = 64;
+
+/// The socket address types a `SockAddr` holds.
+trait Family {}
+impl Family for libc::sockaddr_in {}
+impl Family for libc::sockaddr_in6 {}
+impl Family for libc::sockaddr_un {}
+
+/// A socket address as the kernel takes and gives it.
+#[derive(Clone, Copy)]
+pub(crate) struct SockAddr {
+    /// Large enough for every family (a `sockaddr_in`, `sockaddr_in6` or
+    /// `sockaddr_un` is a prefix).
+    storage: libc::sockaddr_storage,
+    pub(crate) len: libc::socklen_t,
+}
+
+impl SockAddr {
+    /// An empty address, ready for the kernel to fill (`len` is the room).
+    pub(crate) fn empty() -> Self {
+        SockAddr {
+            // SAFETY: plain C data, valid when zeroed.
+            storage: unsafe { MaybeUninit::zeroed().assume_init() },
+            len: std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
+        }
+    }
+
+    pub(crate) fn as_ptr(&self) -> *const libc::sockaddr {
+        &self.storage as *const libc::sockaddr_storage as *const libc::sockaddr
+    }
+
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut libc::sockaddr {
+        &mut self.storage as *mut libc::sockaddr_storage as *mut libc::sockaddr
+    }
+
+    pub(crate) fn family(&self) -> i32 {
+        self.storage.ss_family as i32
+    }
+
+    /// The bytes the kernel reported (for comparing two addresses).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        let n = (self.len as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
+        // SAFETY: n is within the storage.
+        unsafe { std::slice::from_raw_parts(self.as_ptr() as *const u8, n) }
+    }
+
+    fn view<T: Family>(&self) -> &T {
+        // SAFETY: every Family type is a prefix of the storage, alignment
+        // included, and valid for any bytes.
+        unsafe { &*(self.as_ptr() as *const T) }
+    }
+
+    fn view_mut<T: Family>(&mut self) -> &mut T {
+        // SAFETY: as view().
+        unsafe { &mut *(self.as_mut_ptr() as *mut T) }
+    }
+
+    /// An IPv4 address and port.
+    fn v4(addr: libc::in_addr, port: u16) -> Self {
+        let mut a = SockAddr::empty();
+        let sin = a.view_mut::<libc::sockaddr_in>();
+        sin.sin_family = libc::AF_INET as libc::sa_family_t;
+        sin.sin_port = port.to_be();
+        sin.sin_addr = addr;
+        a.len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        a
+    }
+
+    /// An IPv6 address with its port, flow info and scope.
+    fn v6(addr: libc::in6_addr, port: u16, flowinfo: u32, scope_id: u32) -> Self {
+        let mut a = SockAddr::empty();
+        let sin6 = a.view_mut::<libc::sockaddr_in6>();
+        sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        sin6.sin6_port = port.to_be();
+        sin6.sin6_flowinfo = flowinfo.to_be();
+        sin6.sin6_scope_id = scope_id;
+        sin6.sin6_addr = addr;
+        a.len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+        a
+    }
+
+    /// `host` as an IP address literal of `family` (AF_INET, AF_INET6, or 0
+    /// for either, IPv4 first), as `inet_pton` reads it, with the port and
+    /// IPv6 details. None when `host` is not such a literal; a `%` zone is
+    /// never taken (the socket module resolves it).
+    pub(crate) fn ip(host: &str, family: i32, port: u16, flowinfo: u32, scope_id: u32) -> Option<Self> {
+        if host.len() >= TEXT_MAX || host.contains('%') || host.contains('\0') {
+            return None;
+        }
+        let mut text = [0u8; TEXT_MAX];
+        text[..host.len()].copy_from_slice(host.as_bytes());
+        let text = text.as_ptr() as *const libc::c_char;
+        if family == 0 || family == libc::AF_INET {
+            // SAFETY: text is NUL-terminated; in_addr is plain data.
+            let mut a: libc::in_addr = unsafe { MaybeUninit::zeroed().assume_init() };
+            // SAFETY: inet_pton writes at most an in_addr for AF_INET.
+            if unsafe { inet_pton(libc::AF_INET, text, &mut a as *mut _ as *mut c_void) } == 1 {
+                return Some(SockAddr::v4(a, port));
+            }
+        }
+        if family == 0 || family == libc::AF_INET6 {
+            // SAFETY: as above, for an in6_addr.
+            let mut a: libc::in6_addr = unsafe { MaybeUninit::zeroed().assume_init() };
+            // SAFETY: inet_pton writes at most an in6_addr for AF_INET6.
+            if unsafe { inet_pton(libc::AF_INET6, text, &mut a as *mut _ as *mut c_void) } == 1 {
+                return Some(SockAddr::v6(a, port, flowinfo, scope_id));
+            }
+        }
+        None
+    }
+
+    /// A Unix socket path as the socket module builds it from bytes: a path
+    /// with a NUL after it, or a Linux abstract name (a leading NUL byte)
+    /// taken as is. None for an empty or too long path.
+    pub(crate) fn unix(path: &[u8]) -> Option<Self> {
+        let abstract_name = path.first() == Some(&0);
+        if path.is_empty()
+            || (abstract_name && path.len() > SUN_PATH_LEN)
+            || (!abstract_name && path.len() >= SUN_PATH_LEN)
+        {
+            return None;
+        }
+        let mut a = SockAddr::empty();
+        let sun = a.view_mut::<libc::sockaddr_un>();
+        sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (dst, src) in sun.sun_path.iter_mut().zip(path) {
+            *dst = *src as libc::c_char;
+        }
+        // A path counts its terminating NUL (already there: zeroed storage).
+        a.len = (SUN_PATH_OFFSET + path.len() + usize::from(!abstract_name)) as libc::socklen_t;
+        Some(a)
+    }
+
+    /// The host of an IPv4 / IPv6 address as `inet_ntop` prints it, and the
+    /// port. None for other families.
+    pub(crate) fn ip_text(&self) -> Option<(String, u16)> {
+        let (src, port) = match self.family() {
+            libc::AF_INET => {
+                let sin = self.view::<libc::sockaddr_in>();
+                (&sin.sin_addr as *const _ as *const c_void, u16::from_be(sin.sin_port))
+            }
+            libc::AF_INET6 => {
+                let sin6 = self.view::<libc::sockaddr_in6>();
+                (&sin6.sin6_addr as *const _ as *const c_void, u16::from_be(sin6.sin6_port))
+            }
+            _ => return None,
+        };
+        let mut text = [0 as libc::c_char; TEXT_MAX];
+        // SAFETY: src is an in_addr / in6_addr of the family; text has room
+        // for either.
+        let p = unsafe { inet_ntop(self.family(), src, text.as_mut_ptr(), TEXT_MAX as libc::socklen_t) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: inet_ntop wrote a NUL-terminated string.
+        let host = unsafe { CStr::from_ptr(text.as_ptr()) }.to_string_lossy().into_owned();
+        Some((host, port))
+    }
+
+    /// The address as the socket module gives it (`socket.recvfrom`,
+    /// `getpeername`, getaddrinfo results): `(host, port)` for IPv4,
+    /// `(host, port, flowinfo, scope_id)` for IPv6, a str path or bytes
+    /// abstract name for Unix. None for an empty address (an unnamed Unix
+    /// sender) and for other families.
+    pub(crate) fn to_python(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        if self.len == 0 {
+            return Ok(py.None());
+        }
+        match self.family() {
+            libc::AF_INET | libc::AF_INET6 => {
+                let Some((host, port)) = self.ip_text() else { return Err(os_error(last_errno())) };
+                let host = PyString::new(py, &host).into_any();
+                let port = port.into_pyobject(py)?.into_any();
+                let t = if self.family() == libc::AF_INET {
+                    PyTuple::new(py, [host, port])?
+                } else {
+                    let sin6 = self.view::<libc::sockaddr_in6>();
+                    let flowinfo = u32::from_be(sin6.sin6_flowinfo).into_pyobject(py)?.into_any();
+                    let scope_id = sin6.sin6_scope_id.into_pyobject(py)?.into_any();
+                    PyTuple::new(py, [host, port, flowinfo, scope_id])?
+                };
+                Ok(t.into_any().unbind())
+            }
+            libc::AF_UNIX => self.unix_to_python(py),
+            _ => Ok(py.None()),
+        }
+    }
+
+    /// A Unix address as CPython's `makesockaddr` gives it on Linux: an
+    /// abstract name (leading NUL) as bytes of the length the kernel
+    /// reported, a path as a str decoded with the filesystem encoding up to
+    /// its NUL.
+    fn unix_to_python(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let n = (self.len as usize).saturating_sub(SUN_PATH_OFFSET).min(SUN_PATH_LEN);
+        let sun = self.view::<libc::sockaddr_un>();
+        // SAFETY: sun_path holds SUN_PATH_LEN bytes.
+        let path = unsafe { std::slice::from_raw_parts(sun.sun_path.as_ptr() as *const u8, SUN_PATH_LEN) };
+        if n > 0 && path[0] == 0 {
+            return Ok(PyBytes::new(py, &path[..n]).into_any().unbind());
+        }
+        let end = path[..n].iter().position(|&b| b == 0).unwrap_or(n);
+        // SAFETY: a valid buffer of `end` bytes; the result is a new
+        // reference or NULL with an exception set.
+        unsafe {
+            let obj = pyo3::ffi::PyUnicode_DecodeFSDefaultAndSize(
+                path.as_ptr() as *const libc::c_char,
+                end as pyo3::ffi::Py_ssize_t,
+            );
+            Ok(Bound::from_owned_ptr_or_err(py, obj)?.unbind())
+        }
+    }
+}
+
+/// A Python address for a socket of `family` parsed as the socket module
+/// would, when that needs no resolver and no conversion: an exact tuple of
+/// an exact ASCII str host literal and exact ints in range for IP (`(host,
+/// port)`, or up to `(host, port, flowinfo, scope_id)` for IPv6), an exact
+/// str or bytes path for Unix. None for everything else, which the socket
+/// module then accepts, resolves or rejects itself.
+pub(crate) fn from_python(addr: &Bound<'_, PyAny>, family: i32) -> Option<SockAddr> {
+    if family == libc::AF_UNIX {
+        return unix_from_python(addr);
+    }
+    let t = addr.cast_exact::<PyTuple>().ok()?;
+    let host = t.get_item(0).ok()?;
+    let host = host.cast_exact::<PyString>().ok()?.to_str().ok()?;
+    if !host.is_ascii() {
+        return None; // IDNA
+    }
+    match family {
+        libc::AF_INET if t.len() == 2 => {
+            let port = small_int(&t.get_item(1).ok()?, 0, 0xffff)?;
+            SockAddr::ip(host, libc::AF_INET, port as u16, 0, 0)
+        }
+        libc::AF_INET6 if (2..=4).contains(&t.len()) => {
+            let port = small_int(&t.get_item(1).ok()?, 0, 0xffff)?;
+            let flowinfo = if t.len() > 2 { small_int(&t.get_item(2).ok()?, 0, 0xfffff)? } else { 0 };
+            let scope_id = if t.len() > 3 { small_int(&t.get_item(3).ok()?, 0, u32::MAX as i64)? } else { 0 };
+            SockAddr::ip(host, libc::AF_INET6, port as u16, flowinfo as u32, scope_id as u32)
+        }
+        _ => None,
+    }
+}
+
+/// A Unix path from an exact str (encoded with the filesystem encoding) or
+/// exact bytes; None for other types and for a str the encoding refuses.
+fn unix_from_python(addr: &Bound<'_, PyAny>) -> Option<SockAddr> {
+    if let Ok(b) = addr.cast_exact::<PyBytes>() {
+        return SockAddr::unix(b.as_bytes());
+    }
+    addr.cast_exact::<PyString>().ok()?;
+    // SAFETY: a new reference or NULL with an exception set.
+    let obj = unsafe { pyo3::ffi::PyUnicode_EncodeFSDefault(addr.as_ptr()) };
+    if obj.is_null() {
+        drop(PyErr::take(addr.py()));
+        return None;
+    }
+    // SAFETY: an owned new reference to a bytes object.
+    let encoded = unsafe { Bound::from_owned_ptr(addr.py(), obj) };
+    SockAddr::unix(encoded.cast::<PyBytes>().ok()?.as_bytes())
+}
+
+/// An exact int in `lo..=hi`, or None (the socket module then decides).
+fn small_int(obj: &Bound<'_, PyAny>, lo: i64, hi: i64) -> Option<i64> {
+    // SAFETY: a type check only.
+    if unsafe { pyo3::ffi::PyLong_CheckExact(obj.as_ptr()) } == 0 {
+        return None;
+    }
+    let v: i64 = obj.extract().ok()?;
+    (lo..=hi).contains(&v).then_some(v)
+}
+
+/// The family of `host` if it is an IP literal written the way `inet_ntop`
+/// prints it (the form getaddrinfo reports back for a numeric host).
+pub(crate) fn canonical_ip(host: &str) -> Option<i32> {
+    let a = SockAddr::ip(host, 0, 0, 0, 0)?;
+    let (text, _) = a.ip_text()?;
+    (text == host).then_some(a.family())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv4_literals() {
+        let a = SockAddr::ip("127.0.0.1", 0, 8080, 0, 0).expect("literal");
+        assert_eq!(a.family(), libc::AF_INET);
+        assert_eq!(a.ip_text(), Some(("127.0.0.1".to_string(), 8080)));
+        assert!(SockAddr::ip("127.1", 0, 0, 0, 0).is_none(), "inet_pton takes dotted quads only");
+        assert!(SockAddr::ip("localhost", 0, 0, 0, 0).is_none());
+        assert!(SockAddr::ip("1.2.3.4", libc::AF_INET6, 0, 0, 0).is_none());
+    }
+
+    #[test]
+    fn ipv6_literals() {
+        let a = SockAddr::ip("::1", 0, 1, 2, 3).expect("literal");
+        assert_eq!(a.family(), libc::AF_INET6);
+        assert_eq!(a.ip_text(), Some(("::1".to_string(), 1)));
+        assert!(SockAddr::ip("fe80::1%lo", 0, 0, 0, 0).is_none(), "zones go to the socket module");
+        assert!(SockAddr::ip("::1", libc::AF_INET, 0, 0, 0).is_none());
+    }
+
+    #[test]
+    fn canonical_forms() {
+        assert_eq!(canonical_ip("10.0.0.1"), Some(libc::AF_INET));
+        assert_eq!(canonical_ip("2001:db8::1"), Some(libc::AF_INET6));
+        assert_eq!(canonical_ip("2001:DB8::1"), None, "inet_ntop prints lower case");
+        assert_eq!(canonical_ip("010.0.0.1"), None);
+        assert_eq!(canonical_ip("0:0:0:0:0:0:0:1"), None);
+    }
+
+    #[test]
+    fn unix_paths() {
+        let a = SockAddr::unix(b"/tmp/x").expect("path");
+        assert_eq!(a.family(), libc::AF_UNIX);
+        assert_eq!(a.len as usize, SUN_PATH_OFFSET + 7, "a path counts its NUL");
+        let b = SockAddr::unix(b"\0name").expect("abstract");
+        assert_eq!(b.len as usize, SUN_PATH_OFFSET + 5, "an abstract name does not");
+        assert!(SockAddr::unix(b"").is_none());
+        assert!(SockAddr::unix(&[b'a'; SUN_PATH_LEN]).is_none());
+        assert!(SockAddr::unix(&[0; SUN_PATH_LEN]).is_some());
+    }
+}

@@ -1,0 +1,392 @@
+//! `getaddrinfo`: address literals answered natively, names through
+//! `uv_getaddrinfo` on libuv's thread pool; `getnameinfo` lookups through
+//! `uv_getnameinfo` there too.
+//!
+//! A numeric host with a numeric port never reaches the resolver: the answer
+//! is built from the parsed address, with the `socket.AddressFamily` /
+//! `SocketKind` members cached (python.rs). Anything the fast path does not
+//! cover exactly as `socket.getaddrinfo` would (service names, scope ids,
+//! flags other than AI_NUMERICHOST / AI_NUMERICSERV / AI_PASSIVE, odd type /
+//! proto pairs, out-of-range ports) goes to the resolver.
+//!
+//! A lookup in flight is a client of its loop: a loop closing first cancels
+//! it and drops its future, and its completion then frees it quietly (see
+//! `UvLoop::close`, which waits for it off the loop's thread).
+
+use std::cell::Cell;
+use std::ffi::{CStr, CString};
+use std::mem::MaybeUninit;
+use std::ptr;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+
+use crate::errors::{is_fatal_base, uv_error};
+use crate::eventloop::{ClientPtr, LoopClient, LoopCore, LoopShared};
+use crate::net::addr::{self, SockAddr};
+use crate::python;
+use crate::uv::sys;
+
+/// The port of a numeric service: None, an int, or a string of digits.
+fn parse_port(port: &Bound<'_, PyAny>) -> Option<u16> {
+    if port.is_none() {
+        return Some(0);
+    }
+    let digits = |t: &str| (!t.is_empty() && t.bytes().all(|c| c.is_ascii_digit())).then(|| t.parse().ok()).flatten();
+    if let Ok(s) = port.cast::<PyString>() {
+        return digits(s.to_str().ok()?);
+    }
+    if let Ok(b) = port.cast::<PyBytes>() {
+        return digits(std::str::from_utf8(b.as_bytes()).ok()?);
+    }
+    if port.is_instance_of::<pyo3::types::PyBool>() {
+        return None;
+    }
+    port.extract::<i64>().ok().and_then(|p| u16::try_from(p).ok())
+}
+
+/// The (type, proto) pairs getaddrinfo reports for the given hints, as glibc
+/// does for a numeric host; None for combinations left to the resolver.
+fn socket_kinds(socktype: i32, proto: i32) -> Option<&'static [(i32, i32)]> {
+    const ALL: &[(i32, i32)] =
+        &[(libc::SOCK_STREAM, libc::IPPROTO_TCP), (libc::SOCK_DGRAM, libc::IPPROTO_UDP), (libc::SOCK_RAW, 0)];
+    const STREAM: &[(i32, i32)] = &[(libc::SOCK_STREAM, libc::IPPROTO_TCP)];
+    const DGRAM: &[(i32, i32)] = &[(libc::SOCK_DGRAM, libc::IPPROTO_UDP)];
+    const RAW: &[(i32, i32)] = &[(libc::SOCK_RAW, 0)];
+    match (socktype, proto) {
+        (0, 0) => Some(ALL),
+        (0, libc::IPPROTO_TCP) | (libc::SOCK_STREAM, 0) | (libc::SOCK_STREAM, libc::IPPROTO_TCP) => Some(STREAM),
+        (0, libc::IPPROTO_UDP) | (libc::SOCK_DGRAM, 0) | (libc::SOCK_DGRAM, libc::IPPROTO_UDP) => Some(DGRAM),
+        (libc::SOCK_RAW, 0) => Some(RAW),
+        _ => None,
+    }
+}
+
+/// getaddrinfo answered without the resolver, or None when the arguments
+/// need it.
+#[pyfunction]
+#[pyo3(signature = (host, port, family=0, r#type=0, proto=0, flags=0))]
+pub(crate) fn numeric_addrinfo<'py>(
+    py: Python<'py>,
+    host: &Bound<'py, PyAny>,
+    port: &Bound<'py, PyAny>,
+    family: i32,
+    r#type: i32,
+    proto: i32,
+    flags: i32,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    const FAST_FLAGS: i32 = libc::AI_NUMERICHOST | libc::AI_NUMERICSERV | libc::AI_PASSIVE;
+    if flags & !FAST_FLAGS != 0 {
+        return Ok(None);
+    }
+    let text = if let Ok(s) = host.cast::<PyString>() {
+        s.to_str().ok().map(str::to_owned)
+    } else if let Ok(b) = host.cast::<PyBytes>() {
+        std::str::from_utf8(b.as_bytes()).ok().map(str::to_owned)
+    } else {
+        None
+    };
+    let Some(text) = text else { return Ok(None) };
+    let Some(af) = addr::canonical_ip(&text) else { return Ok(None) };
+    let Some(port) = parse_port(port) else { return Ok(None) };
+    let Some(kinds) = socket_kinds(r#type, proto) else { return Ok(None) };
+    if family != 0 && family != af {
+        return Ok(None);
+    }
+    let sockaddr = SockAddr::ip(&text, af, port, 0, 0).expect("parsed above").to_python(py)?.into_bound(py);
+    let family_obj = python::address_family(py, af)?.into_bound(py);
+    let empty = PyString::new(py, "");
+    let items = kinds
+        .iter()
+        .map(|&(t, p)| {
+            PyTuple::new(
+                py,
+                [
+                    family_obj.clone(),
+                    python::socket_kind(py, t)?.into_bound(py),
+                    p.into_pyobject(py)?.into_any(),
+                    empty.clone().into_any(),
+                    sockaddr.clone(),
+                ],
+            )
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(Some(PyList::new(py, items)?))
+}
+
+/// One libuv resolver request (`uv_getaddrinfo_t`, `uv_getnameinfo_t`) and
+/// the future it settles; the request comes first, so libuv's pointer to it
+/// is a pointer to the whole.
+#[repr(C)]
+struct Request<R> {
+    req: R,
+    /// Null once the loop closed first (the request is orphaned).
+    shared: Cell<*const LoopShared>,
+    future: Cell<Option<Py<PyAny>>>,
+}
+
+impl<R: 'static> Request<R> {
+    /// A request for libuv to fill in, registered with the loop; owned by
+    /// its completion once started.
+    fn start(py: Python<'_>, shared: &LoopShared, future: Py<PyAny>) -> *mut Request<R> {
+        let req = Box::into_raw(Box::new(Request {
+            // SAFETY: a plain C struct, initialised by the libuv call.
+            req: unsafe { MaybeUninit::zeroed().assume_init() },
+            shared: Cell::new(shared),
+            future: Cell::new(Some(future)),
+        }));
+        shared.register(py, ClientPtr(req as *const dyn LoopClient));
+        req
+    }
+
+    /// Frees a request libuv refused to start.
+    ///
+    /// # Safety
+    /// `req` came from `start` and libuv does not know it.
+    unsafe fn abandon(py: Python<'_>, req: *mut Request<R>) {
+        // SAFETY: per the contract.
+        let r = unsafe { Box::from_raw(req) };
+        // SAFETY: not orphaned: the loop is open (we are in a method of it).
+        unsafe { (*r.shared.get()).unregister(py, ClientPtr(req as *const dyn LoopClient)) };
+    }
+
+    /// Takes back a request libuv has completed (`req`, as its callback got
+    /// it) and settles the future: a socket.gaierror for a failed `status`,
+    /// else what `result` builds; nothing if the future was cancelled
+    /// meanwhile, or if the loop closed first. What goes wrong is handled as
+    /// any error raised in a libuv callback.
+    ///
+    /// # Safety
+    /// `req` came from `Request::<R>::start` and libuv is done with it.
+    unsafe fn finish(req: *mut R, status: i32, result: impl FnOnce(Python<'_>) -> PyResult<Bound<'_, PyAny>>) {
+        // SAFETY: per the contract.
+        let r = unsafe { Box::from_raw(req as *mut Request<R>) };
+        let shared = r.shared.get();
+        if shared.is_null() {
+            return; // orphaned: no Python object left, maybe no GIL either
+        }
+        // SAFETY: a request that is not orphaned completes on its open loop's
+        // thread, inside uv_run.
+        let shared = unsafe { &*shared };
+        // SAFETY: as above.
+        let py = unsafe { shared.reacquire_gil() };
+        shared.unregister(py, ClientPtr(&*r as *const Request<R> as *const dyn LoopClient));
+        let Some(future) = r.future.take() else { return };
+        let future = future.bind(py);
+        let outcome = python::call_method(future, python::future::cancelled(py), ())
+            .and_then(|c| c.is_truthy())
+            .and_then(|cancelled| {
+                if cancelled {
+                    Ok(())
+                } else if status < 0 {
+                    let exc = gaierror(py, status)?.into_value(py);
+                    python::call_method(future, python::future::set_exception(py), (exc,)).map(drop)
+                } else {
+                    python::call_method(future, python::future::set_result(py), (result(py)?,)).map(drop)
+                }
+            });
+        if let Err(err) = outcome {
+            if is_fatal_base(py, &err) {
+                shared.raise_later(py, err);
+            } else {
+                err.write_unraisable(py, None);
+            }
+        }
+    }
+}
+
+impl<R> LoopClient for Request<R> {
+    fn before_poll(&self, _py: Python<'_>) -> PyResult<()> {
+        Ok(())
+    }
+
+    fn close_with_loop(&self, py: Python<'_>) {
+        self.shared.set(ptr::null());
+        // SAFETY: the request is in flight on this loop; uv_cancel refuses
+        // one a worker is already running (it then completes normally).
+        unsafe { sys::uv_cancel(&self.req as *const R as *mut sys::uv_req_t) };
+        let future = self.future.take();
+        let _ = py;
+        drop(future);
+    }
+}
+
+type GaiRequest = Request<sys::uv_getaddrinfo_t>;
+type NameInfoRequest = Request<sys::uv_getnameinfo_t>;
+
+/// The name of the system EAI_* code for a libuv UV_EAI_* code.
+fn eai_name(code: i32) -> &'static str {
+    use sys::*;
+    let c = |v: uv_errno_t| v;
+    match code {
+        x if x == c(uv_errno_t_UV_EAI_ADDRFAMILY) => "EAI_ADDRFAMILY",
+        x if x == c(uv_errno_t_UV_EAI_AGAIN) => "EAI_AGAIN",
+        x if x == c(uv_errno_t_UV_EAI_BADFLAGS) => "EAI_BADFLAGS",
+        x if x == c(uv_errno_t_UV_EAI_FAMILY) => "EAI_FAMILY",
+        x if x == c(uv_errno_t_UV_EAI_MEMORY) => "EAI_MEMORY",
+        x if x == c(uv_errno_t_UV_EAI_NODATA) => "EAI_NODATA",
+        x if x == c(uv_errno_t_UV_EAI_NONAME) => "EAI_NONAME",
+        x if x == c(uv_errno_t_UV_EAI_OVERFLOW) => "EAI_OVERFLOW",
+        x if x == c(uv_errno_t_UV_EAI_SERVICE) => "EAI_SERVICE",
+        x if x == c(uv_errno_t_UV_EAI_SOCKTYPE) => "EAI_SOCKTYPE",
+        _ => "EAI_FAIL",
+    }
+}
+
+/// socket.gaierror for a libuv resolver error, with the system's code and
+/// message as socket.getaddrinfo would raise it.
+fn gaierror(py: Python<'_>, code: i32) -> PyResult<PyErr> {
+    let socket = python::socket_module(py)?;
+    let sys_code: i32 = socket.getattr(eai_name(code)).and_then(|v| v.extract()).unwrap_or(libc::EAI_FAIL);
+    // SAFETY: gai_strerror returns a static string.
+    let msg = unsafe { CStr::from_ptr(libc::gai_strerror(sys_code)) }.to_string_lossy().into_owned();
+    let exc = socket.getattr("gaierror")?.call1((sys_code, msg))?;
+    Ok(PyErr::from_value(exc))
+}
+
+/// The result list of a resolved name, as socket.getaddrinfo builds it.
+///
+/// # Safety
+/// `ai` is a list libuv's getaddrinfo returned.
+unsafe fn addrinfo_list<'py>(py: Python<'py>, mut ai: *const libc::addrinfo) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    while !ai.is_null() {
+        // SAFETY: a node of the list.
+        let a = unsafe { &*ai };
+        let mut sa = SockAddr::empty();
+        let len = (a.ai_addrlen as usize).min(sa.len as usize);
+        // SAFETY: ai_addr holds ai_addrlen bytes; the storage has room.
+        unsafe { ptr::copy_nonoverlapping(a.ai_addr as *const u8, sa.as_mut_ptr() as *mut u8, len) };
+        sa.len = len as libc::socklen_t;
+        if matches!(sa.family(), libc::AF_INET | libc::AF_INET6) {
+            let canon = if a.ai_canonname.is_null() {
+                String::new()
+            } else {
+                // SAFETY: a NUL-terminated string of the list.
+                unsafe { CStr::from_ptr(a.ai_canonname) }.to_string_lossy().into_owned()
+            };
+            out.append(PyTuple::new(
+                py,
+                [
+                    python::address_family(py, a.ai_family)?.into_bound(py),
+                    python::socket_kind(py, a.ai_socktype)?.into_bound(py),
+                    a.ai_protocol.into_pyobject(py)?.into_any(),
+                    canon.into_pyobject(py)?.into_any(),
+                    sa.to_python(py)?.into_bound(py),
+                ],
+            )?)?;
+        }
+        ai = a.ai_next;
+    }
+    Ok(out)
+}
+
+unsafe extern "C" fn on_resolved(req: *mut sys::uv_getaddrinfo_t, status: i32, res: *mut sys::addrinfo) {
+    // SAFETY: libuv is done with the request, which came from start().
+    unsafe {
+        GaiRequest::finish(req, status, |py| Ok(addrinfo_list(py, res as *const libc::addrinfo)?.into_any()));
+        if !res.is_null() {
+            sys::uv_freeaddrinfo(res);
+        }
+    }
+}
+
+/// Starts resolving (`host`, `port`) (bytes or None) on `loop`'s libuv
+/// thread pool; `future` gets the result list or a socket.gaierror.
+#[pyfunction]
+#[pyo3(signature = (loop_obj, future, host, port, family, r#type, proto, flags))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resolve(
+    py: Python<'_>,
+    loop_obj: &Bound<'_, LoopCore>,
+    future: Py<PyAny>,
+    host: Option<&[u8]>,
+    port: Option<&[u8]>,
+    family: i32,
+    r#type: i32,
+    proto: i32,
+    flags: i32,
+) -> PyResult<()> {
+    let shared = loop_obj.get().shared();
+    let uv_loop = shared.uv_loop(py)?;
+    let cstr = |b: Option<&[u8]>| -> PyResult<Option<CString>> {
+        b.map(|b| CString::new(b).map_err(|_| pyo3::exceptions::PyValueError::new_err("embedded null byte")))
+            .transpose()
+    };
+    let (node, service) = (cstr(host)?, cstr(port)?);
+    // SAFETY: plain C data.
+    let mut ai: libc::addrinfo = unsafe { MaybeUninit::zeroed().assume_init() };
+    ai.ai_family = family;
+    ai.ai_socktype = r#type;
+    ai.ai_protocol = proto;
+    ai.ai_flags = flags;
+    let req = GaiRequest::start(py, shared, future);
+    // SAFETY: libuv copies node, service and hints before returning.
+    let rc = unsafe {
+        sys::uv_getaddrinfo(
+            uv_loop,
+            &mut (*req).req,
+            Some(on_resolved),
+            node.as_ref().map_or(ptr::null(), |c| c.as_ptr()),
+            service.as_ref().map_or(ptr::null(), |c| c.as_ptr()),
+            &ai as *const libc::addrinfo as *const sys::addrinfo,
+        )
+    };
+    if rc < 0 {
+        // SAFETY: libuv refused the request.
+        unsafe { GaiRequest::abandon(py, req) };
+        return Err(uv_error(rc));
+    }
+    Ok(())
+}
+
+/// Completes `future` with (host, service) or a socket.gaierror, as
+/// socket.getnameinfo would return or raise.
+unsafe extern "C" fn on_name_info(
+    req: *mut sys::uv_getnameinfo_t,
+    status: i32,
+    host: *const libc::c_char,
+    service: *const libc::c_char,
+) {
+    // SAFETY: libuv is done with the request; host and service are
+    // NUL-terminated buffers of the request.
+    unsafe {
+        NameInfoRequest::finish(req, status, |py| {
+            let text = |p: *const libc::c_char| CStr::from_ptr(p).to_string_lossy().into_owned();
+            Ok((text(host), text(service)).into_pyobject(py)?.into_any())
+        });
+    }
+}
+
+/// Starts `getnameinfo` of a numeric address (as socket.getnameinfo with
+/// NI_NUMERICHOST | NI_NUMERICSERV printed it: IPv6 scope suffixes are
+/// ignored here, `scope_id` carries the scope) on libuv's thread pool.
+#[pyfunction]
+#[pyo3(signature = (loop_obj, future, host, port, flowinfo, scope_id, flags))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn name_info(
+    py: Python<'_>,
+    loop_obj: &Bound<'_, LoopCore>,
+    future: Py<PyAny>,
+    host: &str,
+    port: u16,
+    flowinfo: u32,
+    scope_id: u32,
+    flags: i32,
+) -> PyResult<()> {
+    let shared = loop_obj.get().shared();
+    let uv_loop = shared.uv_loop(py)?;
+    let bare = host.split('%').next().unwrap_or(host);
+    let sa = SockAddr::ip(bare, 0, port, flowinfo, scope_id)
+        .ok_or_else(|| pyo3::exceptions::PyValueError::new_err(format!("not a numeric address: {host:?}")))?;
+    let req = NameInfoRequest::start(py, shared, future);
+    // SAFETY: libuv copies the address before returning.
+    let rc =
+        unsafe { sys::uv_getnameinfo(uv_loop, &mut (*req).req, Some(on_name_info), sa.as_ptr() as *const _, flags) };
+    if rc < 0 {
+        // SAFETY: libuv refused the request.
+        unsafe { NameInfoRequest::abandon(py, req) };
+        return Err(uv_error(rc));
+    }
+    Ok(())
+}

@@ -1,0 +1,199 @@
+//! The Python side of the boundary, seen from Rust: every Python method the
+//! native code calls, by name, and every Python object it imports, cached.
+//!
+//! The names are grouped by whose methods they are: the protocol's (the
+//! asyncio protocol contract), the Python transport's and the loop's (zuvrs's
+//! own Python code, python/zuvrs; they are listed in docs/architecture.md),
+//! and those of futures and sockets. Calls go through [`call`] and
+//! [`call_method`], which in debug builds check that no native state is
+//! borrowed at the crossing (see `cell`): Python code may call back into the
+//! object whose state is borrowed.
+
+use pyo3::call::PyCallArgs;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyModule, PyString};
+
+use crate::cell;
+
+/// Interned method names, one function each (`names!(foo)` gives `foo(py)`).
+macro_rules! names {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[inline]
+            #[allow(dead_code)]
+            pub(crate) fn $name(py: pyo3::Python<'_>) -> &pyo3::Bound<'_, pyo3::types::PyString> {
+                pyo3::intern!(py, stringify!($name))
+            }
+        )*
+    };
+}
+
+/// asyncio's protocol contract, called by the native transports.
+pub(crate) mod protocol {
+    names!(
+        data_received,
+        buffer_updated,
+        get_buffer,
+        eof_received,
+        pause_writing,
+        resume_writing,
+        datagram_received,
+        error_received,
+    );
+}
+
+/// The Python transports of python/zuvrs/transports, called by their cores.
+pub(crate) mod transport {
+    names!(_fatal_error, _report_error, _call_connection_lost, _callback_failed, _core);
+}
+
+/// The loop: asyncio.BaseEventLoop's API and zuvrs.Loop's hooks (_loop.py).
+pub(crate) mod event_loop {
+    names!(
+        call_soon,
+        create_future,
+        slow_callback_duration,
+        _task_factory,
+        _warn_slow_io,
+        _warn_slow_callback,
+        _report_callback_error,
+        _extract_source_traceback,
+        _check_thread,
+        _check_callback,
+    );
+}
+
+/// asyncio.Future's methods.
+pub(crate) mod future {
+    names!(done, cancelled, set_result, set_exception);
+}
+
+/// socket.socket's methods and attributes.
+pub(crate) mod socket {
+    names!(fileno, family, sendto);
+}
+
+/// `obj.name(*args)`.
+#[inline]
+pub(crate) fn call_method<'py, A: PyCallArgs<'py>>(
+    obj: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+    args: A,
+) -> PyResult<Bound<'py, PyAny>> {
+    cell::check_crossing();
+    obj.call_method1(name, args)
+}
+
+/// `func(*args)`.
+#[inline]
+pub(crate) fn call<'py, A: PyCallArgs<'py>>(func: &Bound<'py, PyAny>, args: A) -> PyResult<Bound<'py, PyAny>> {
+    cell::check_crossing();
+    func.call1(args)
+}
+
+/// The modules and objects the native code imports, each imported once.
+struct Imports {
+    socket: Py<PyModule>,
+    logger: Py<PyAny>,
+    asyncio_tasks: Py<PyModule>,
+    asyncio_futures: Py<PyModule>,
+    base_event_loop: Py<PyAny>,
+    format_helpers: Py<PyModule>,
+    getsizeof: Py<PyAny>,
+    /// socket.AddressFamily / SocketKind members (their lookup through the
+    /// enums costs more than the rest of a getaddrinfo answer).
+    af_inet: Py<PyAny>,
+    af_inet6: Py<PyAny>,
+    sock_stream: Py<PyAny>,
+    sock_dgram: Py<PyAny>,
+    sock_raw: Py<PyAny>,
+}
+
+static IMPORTS: PyOnceLock<Imports> = PyOnceLock::new();
+
+fn imports(py: Python<'_>) -> PyResult<&Imports> {
+    IMPORTS.get_or_try_init(py, || {
+        let socket = py.import("socket")?;
+        let attr = |m: &Bound<'_, PyModule>, n: &str| m.getattr(n).map(Bound::unbind);
+        Ok(Imports {
+            logger: py.import("asyncio.log")?.getattr("logger")?.unbind(),
+            asyncio_tasks: py.import("asyncio.tasks")?.unbind(),
+            asyncio_futures: py.import("asyncio.futures")?.unbind(),
+            base_event_loop: py.import("asyncio")?.getattr("BaseEventLoop")?.unbind(),
+            format_helpers: py.import("asyncio.format_helpers")?.unbind(),
+            getsizeof: py.import("sys")?.getattr("getsizeof")?.unbind(),
+            af_inet: attr(&socket, "AF_INET")?,
+            af_inet6: attr(&socket, "AF_INET6")?,
+            sock_stream: attr(&socket, "SOCK_STREAM")?,
+            sock_dgram: attr(&socket, "SOCK_DGRAM")?,
+            sock_raw: attr(&socket, "SOCK_RAW")?,
+            socket: socket.unbind(),
+        })
+    })
+}
+
+/// The `socket` module.
+pub(crate) fn socket_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    Ok(imports(py)?.socket.bind(py))
+}
+
+/// `asyncio.log.logger`.
+pub(crate) fn logger(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    Ok(imports(py)?.logger.bind(py))
+}
+
+/// `asyncio.tasks` (its `Task` is looked up per call, so a patched one is used).
+pub(crate) fn asyncio_tasks(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    Ok(imports(py)?.asyncio_tasks.bind(py))
+}
+
+/// `asyncio.futures` (its `Future` is looked up per call).
+pub(crate) fn asyncio_futures(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    Ok(imports(py)?.asyncio_futures.bind(py))
+}
+
+/// `asyncio.BaseEventLoop`.
+pub(crate) fn base_event_loop(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    Ok(imports(py)?.base_event_loop.bind(py))
+}
+
+/// `asyncio.format_helpers`.
+pub(crate) fn format_helpers(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    Ok(imports(py)?.format_helpers.bind(py))
+}
+
+/// `sys.getsizeof`.
+pub(crate) fn getsizeof(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    Ok(imports(py)?.getsizeof.bind(py))
+}
+
+/// `socket.AddressFamily(af)` (the cached member for AF_INET / AF_INET6),
+/// or the plain int for a value the enum does not know, as CPython gives.
+pub(crate) fn address_family(py: Python<'_>, af: i32) -> PyResult<Py<PyAny>> {
+    let i = imports(py)?;
+    Ok(match af {
+        libc::AF_INET => i.af_inet.clone_ref(py),
+        libc::AF_INET6 => i.af_inet6.clone_ref(py),
+        other => enum_member(py, "AddressFamily", other)?,
+    })
+}
+
+/// `socket.SocketKind(kind)`, cached for stream, datagram and raw sockets.
+pub(crate) fn socket_kind(py: Python<'_>, kind: i32) -> PyResult<Py<PyAny>> {
+    let i = imports(py)?;
+    Ok(match kind {
+        libc::SOCK_STREAM => i.sock_stream.clone_ref(py),
+        libc::SOCK_DGRAM => i.sock_dgram.clone_ref(py),
+        libc::SOCK_RAW => i.sock_raw.clone_ref(py),
+        other => enum_member(py, "SocketKind", other)?,
+    })
+}
+
+fn enum_member(py: Python<'_>, enum_name: &str, v: i32) -> PyResult<Py<PyAny>> {
+    let member = socket_module(py)?.getattr(enum_name).and_then(|e| e.call1((v,)));
+    Ok(match member {
+        Ok(m) => m.unbind(),
+        Err(_) => v.into_pyobject(py)?.into_any().unbind(),
+    })
+}

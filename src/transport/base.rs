@@ -1,0 +1,280 @@
+//! What every native transport core shares: the asyncio bookkeeping of a
+//! transport (`TransportBase`), the box its libuv handle lives in
+//! (`CoreBox`), the first and last steps of its libuv callbacks, and the
+//! calls it makes into its Python transport and protocol (`Transport`).
+//!
+//! A core is the native half of a Python transport (python/zuvrs/transports):
+//! the Python object is an `asyncio.Transport` whose hot methods are the
+//! core's, and which does what happens once per connection
+//! (`connection_made`, `connection_lost`, error reports). The core calls
+//! back into it by the names in `python::transport`.
+
+use std::marker::PhantomData;
+
+use pyo3::prelude::*;
+use pyo3::PyClass;
+
+use crate::cell::NativeCell;
+use crate::errors::is_fatal_base;
+use crate::eventloop::{warn_if_slow_io, LoopShared};
+use crate::python;
+use crate::uv::{sys, HandleBox};
+
+/// asyncio's default write buffer high-water mark (the low one is a quarter).
+pub(crate) const DEFAULT_HIGH_WATER: usize = 64 * 1024;
+/// After this many writes to a lost connection asyncio starts warning.
+pub(crate) const LOG_THRESHOLD_FOR_CONNLOST_WRITES: u32 = 5;
+
+/// asyncio's per-transport state, the same for streams and datagrams.
+pub(crate) struct TransportBase {
+    /// The zuvrs.Loop.
+    pub(crate) loop_obj: Py<PyAny>,
+    /// The Python transport (an asyncio.Transport) this core belongs to;
+    /// None once connection_lost has run (nothing calls back any more).
+    pub(crate) wrapper: Py<PyAny>,
+    pub(crate) protocol: Option<Py<PyAny>>,
+    /// start_reading() was called (connection_made has run).
+    pub(crate) started: bool,
+    /// pause_reading() is in force.
+    pub(crate) paused: bool,
+    pub(crate) closing: bool,
+    /// asyncio's `_conn_lost`: non-zero once connection_lost is scheduled,
+    /// then counting the writes dropped since.
+    pub(crate) conn_lost: u32,
+    pub(crate) high_water: usize,
+    pub(crate) low_water: usize,
+    /// The protocol was told to pause writing.
+    pub(crate) protocol_paused: bool,
+}
+
+impl TransportBase {
+    pub(crate) fn new(loop_obj: Py<PyAny>, wrapper: Py<PyAny>) -> Self {
+        TransportBase {
+            loop_obj,
+            wrapper,
+            protocol: None,
+            started: false,
+            paused: false,
+            closing: false,
+            conn_lost: 0,
+            high_water: DEFAULT_HIGH_WATER,
+            low_water: DEFAULT_HIGH_WATER / 4,
+            protocol_paused: false,
+        }
+    }
+
+    /// Reading is wanted: started, not paused, not closing.
+    pub(crate) fn wants_reading(&self) -> bool {
+        self.started && !self.paused && !self.closing
+    }
+
+    /// Reports its references to the cyclic GC.
+    pub(crate) fn visit(&self, visit: &pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.loop_obj)?;
+        visit.call(&self.wrapper)?;
+        visit.call(&self.protocol)
+    }
+}
+
+/// The state of a core, which holds a `TransportBase`.
+pub(crate) trait HasBase {
+    fn base(&mut self) -> &mut TransportBase;
+}
+
+/// The box a core's libuv handle lives in. The handle comes first, so
+/// libuv's pointer to it is a pointer to the box.
+#[repr(C)]
+pub(crate) struct CoreBox<H, C: PyClass> {
+    pub(crate) handle: H,
+    pub(crate) shared: *const LoopShared,
+    /// The core, kept alive until libuv is done with the handle.
+    pub(crate) keep_alive: Option<Py<C>>,
+    _not_send: PhantomData<*const ()>,
+}
+
+// SAFETY: repr(C) with the libuv handle (`H`, a uv_tcp_t / uv_pipe_t union
+// or a uv_poll_t) as first field.
+unsafe impl<H, C: PyClass> HandleBox for CoreBox<H, C> {}
+
+impl<H, C: PyClass> CoreBox<H, C> {
+    /// A box for a handle that `uv_*_init` initialises next.
+    pub(crate) fn new(shared: *const LoopShared) -> Self {
+        CoreBox {
+            // SAFETY: libuv handle structs are plain C data, valid when zeroed
+            // until initialised.
+            handle: unsafe { std::mem::MaybeUninit::zeroed().assume_init() },
+            shared,
+            keep_alive: None,
+            _not_send: PhantomData,
+        }
+    }
+}
+
+/// The close callback of every core's handle: frees the box, and with it
+/// the reference that kept the core alive.
+pub(crate) unsafe extern "C" fn on_closed<H, C: PyClass>(handle: *mut sys::uv_handle_t) {
+    // SAFETY: the box came from UvHandle<CoreBox<H, C>>; this is its one
+    // close callback, run inside uv_run on the loop's thread.
+    unsafe {
+        let b = Box::from_raw(handle as *mut CoreBox<H, C>);
+        let _py = (*b.shared).reacquire_gil();
+        drop(b);
+    }
+}
+
+/// A native transport core: the Python-visible object that owns a libuv
+/// handle and a `TransportBase`. The provided methods are the calls every
+/// core makes into Python, each reading what it needs from the state first
+/// and calling with no state borrowed.
+pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
+    type State: HasBase;
+
+    fn cell(&self) -> &NativeCell<Self::State>;
+
+    /// The loop the core lives on (set at creation, never changed).
+    fn shared(&self) -> &LoopShared;
+
+    #[inline]
+    fn with_base<R>(&self, py: Python<'_>, f: impl FnOnce(&mut TransportBase) -> R) -> R {
+        self.cell().with(py, |st| f(st.base()))
+    }
+
+    fn wrapper(&self, py: Python<'_>) -> Py<PyAny> {
+        self.with_base(py, |b| b.wrapper.clone_ref(py))
+    }
+
+    fn protocol(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.with_base(py, |b| b.protocol.as_ref().map(|p| p.clone_ref(py)))
+    }
+
+    /// Schedules `wrapper._call_connection_lost(exc)` on the loop.
+    fn schedule_connection_lost(&self, py: Python<'_>, exc: Option<Py<PyAny>>) -> PyResult<()> {
+        let (loop_obj, wrapper) = self.with_base(py, |b| (b.loop_obj.clone_ref(py), b.wrapper.clone_ref(py)));
+        let cb = wrapper.bind(py).getattr(python::transport::_call_connection_lost(py))?;
+        python::call_method(loop_obj.bind(py), python::event_loop::call_soon(py), (cb, exc))?;
+        Ok(())
+    }
+
+    /// `wrapper._fatal_error(exc, message)` (asyncio's transport contract);
+    /// nothing once the transport has finished (a late error is dropped).
+    fn fatal_error(&self, py: Python<'_>, exc: PyErr, message: &str) -> PyResult<()> {
+        let wrapper = self.wrapper(py);
+        if wrapper.is_none(py) {
+            return Ok(());
+        }
+        python::call_method(wrapper.bind(py), python::transport::_fatal_error(py), (exc.into_value(py), message))?;
+        Ok(())
+    }
+
+    /// `wrapper._report_error(message, exc)`: the loop's exception handler
+    /// with the transport and protocol in the context.
+    fn report(&self, py: Python<'_>, message: &str, err: PyErr) -> PyResult<()> {
+        let wrapper = self.wrapper(py);
+        python::call_method(wrapper.bind(py), python::transport::_report_error(py), (message, err.into_value(py)))?;
+        Ok(())
+    }
+
+    /// An exception that escaped Python code run from a libuv callback:
+    /// KeyboardInterrupt and SystemExit stop the loop and propagate out of
+    /// run_forever; anything else (reporting itself failed: the exception
+    /// handler raised) goes to the unraisable hook.
+    fn fail_in_callback(&self, py: Python<'_>, err: PyErr) {
+        if is_fatal_base(py, &err) {
+            self.shared().raise_later(py, err);
+        } else {
+            err.write_unraisable(py, None);
+        }
+    }
+
+    /// Calls `protocol.pause_writing()` once `buffered` bytes are over the
+    /// high-water mark (asyncio's `_maybe_pause_protocol`).
+    fn pause_protocol_if_needed(&self, py: Python<'_>, buffered: usize) -> PyResult<()> {
+        let protocol = self.with_base(py, |b| {
+            if b.protocol_paused || buffered <= b.high_water {
+                return None;
+            }
+            b.protocol_paused = true;
+            b.protocol.as_ref().map(|p| p.clone_ref(py))
+        });
+        self.tell_protocol(py, protocol, python::protocol::pause_writing(py), "protocol.pause_writing() failed")
+    }
+
+    /// Calls `protocol.resume_writing()` once `buffered` bytes are down to
+    /// the low-water mark (asyncio's `_maybe_resume_protocol`).
+    fn resume_protocol_if_needed(&self, py: Python<'_>, buffered: usize) -> PyResult<()> {
+        let protocol = self.with_base(py, |b| {
+            if !b.protocol_paused || buffered > b.low_water {
+                return None;
+            }
+            b.protocol_paused = false;
+            b.protocol.as_ref().map(|p| p.clone_ref(py))
+        });
+        self.tell_protocol(py, protocol, python::protocol::resume_writing(py), "protocol.resume_writing() failed")
+    }
+
+    #[doc(hidden)]
+    fn tell_protocol(
+        &self,
+        py: Python<'_>,
+        protocol: Option<Py<PyAny>>,
+        method: &Bound<'_, pyo3::types::PyString>,
+        failure: &str,
+    ) -> PyResult<()> {
+        let Some(protocol) = protocol else { return Ok(()) };
+        if let Err(err) = python::call_method(protocol.bind(py), method, ()) {
+            if is_fatal_base(py, &err) {
+                return Err(err);
+            }
+            self.report(py, failure, err)?;
+        }
+        Ok(())
+    }
+
+    /// The last step of a libuv callback that ran protocol code: debug
+    /// mode's slow-callback warning (`started` is the debug clock).
+    fn leave_io(&self, py: Python<'_>, started: Option<f64>) {
+        if let Some(started) = started {
+            let (loop_obj, wrapper) = self.with_base(py, |b| (b.loop_obj.clone_ref(py), b.wrapper.clone_ref(py)));
+            warn_if_slow_io(py, loop_obj.bind(py), wrapper.bind(py), started);
+        }
+    }
+
+    /// Sets the write buffer limits as asyncio's `_set_write_buffer_limits`.
+    fn set_water_marks(&self, py: Python<'_>, high: Option<isize>, low: Option<isize>) -> PyResult<(usize, usize)> {
+        let high = match (high, low) {
+            (Some(h), _) => h,
+            (None, Some(l)) => 4 * l,
+            (None, None) => DEFAULT_HIGH_WATER as isize,
+        };
+        let low = low.unwrap_or(high / 4);
+        if !(high >= low && low >= 0) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "high ({high}) must be >= low ({low}) must be >= 0"
+            )));
+        }
+        self.with_base(py, |b| {
+            b.high_water = high as usize;
+            b.low_water = low as usize;
+        });
+        Ok((high as usize, low as usize))
+    }
+}
+
+/// The first steps of a core's libuv callback: the core behind the handle
+/// (its `data`), the GIL taken back, the turn told that I/O happened, and
+/// the debug clock.
+///
+/// # Safety
+/// `handle`'s data is a live core of type `C` (its box keeps it alive until
+/// the close callback, which runs after every other callback of the handle);
+/// called inside uv_run on the loop's thread.
+#[inline]
+pub(crate) unsafe fn enter<'a, C: Transport>(handle: *mut sys::uv_handle_t) -> (&'a C, Python<'a>, Option<f64>) {
+    // SAFETY: per the contract.
+    unsafe {
+        let core = &*((*handle).data as *const C);
+        let py = core.shared().enter_io();
+        let started = core.shared().debug_clock(py);
+        (core, py, started)
+    }
+}

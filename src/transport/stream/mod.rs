@@ -1,0 +1,456 @@
+//! Stream transports over `uv_tcp_t` (TCP) and `uv_pipe_t` (Unix sockets,
+//! and the pipe transports of `connect_read_pipe` / `connect_write_pipe`):
+//! `StreamCore`.
+//!
+//! - reader.rs: where reads go (`Reader`: plain or buffered protocol) and
+//!   what EOF and errors do
+//! - writer.rs: the write queue, batched per loop turn, and flow control
+//!
+//! Life of the handle: `open` allocates it and keeps a strong reference to
+//! the core in the handle's box, so the core lives while libuv may call
+//! back; `close_handle` (after connection_lost, or when the loop closes)
+//! calls `uv_close`, whose callback frees the box and that reference.
+
+mod reader;
+mod writer;
+
+use pyo3::exceptions::{PyConnectionError, PyRuntimeError};
+use pyo3::prelude::*;
+
+use crate::cell::NativeCell;
+use crate::errors::{is_fatal_base, uv_error};
+use crate::eventloop::{ClientPtr, LoopClient, LoopCore, LoopShared};
+use crate::python;
+use crate::transport::base::{self, CoreBox, HasBase, Transport, TransportBase};
+use crate::uv::{sys, UvHandle};
+use reader::Reader;
+use writer::WriteQueue;
+
+/// The libuv stream behind a transport: TCP, or a pipe for Unix sockets.
+#[repr(C)]
+union StreamHandle {
+    tcp: std::mem::ManuallyDrop<sys::uv_tcp_t>,
+    pipe: std::mem::ManuallyDrop<sys::uv_pipe_t>,
+}
+
+/// Both variants start with `uv_stream_t`.
+type StreamBox = CoreBox<StreamHandle, StreamCore>;
+
+/// What the stream is to asyncio.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StreamKind {
+    /// A socket transport (TCP, Unix).
+    Socket,
+    /// A pipe transport (asyncio's `_UnixReadPipeTransport` /
+    /// `_UnixWritePipeTransport` semantics): EOF schedules eof_received and
+    /// then closes, whatever eof_received returns; writes after close() are
+    /// dropped; errors speak of a "pipe transport".
+    Pipe,
+}
+
+pub(crate) struct StreamState {
+    base: TransportBase,
+    handle: Option<UvHandle<StreamBox>>,
+    kind: StreamKind,
+    reader: Reader,
+    /// libuv is reading (uv_read_start is in force).
+    reading: bool,
+    /// Reading was held back after a full read, to resume before the poll.
+    rearm: bool,
+    /// write_eof() was called; `shutdown_sent` once the EOF went out.
+    eof: bool,
+    shutdown_sent: bool,
+    writes: WriteQueue,
+    /// Future resolved once everything written has gone out (sendfile).
+    drain_waiter: Option<Py<PyAny>>,
+    /// loop.sendfile() owns the socket for now: write() must refuse.
+    sendfile_in_progress: bool,
+    /// Writes dropped before connection_lost was scheduled (pipes).
+    dropped_writes: u32,
+}
+
+impl HasBase for StreamState {
+    fn base(&mut self) -> &mut TransportBase {
+        &mut self.base
+    }
+}
+
+impl StreamState {
+    fn stream_ptr(&self) -> Option<*mut sys::uv_stream_t> {
+        self.handle.as_ref().map(|h| h.raw() as *mut sys::uv_stream_t)
+    }
+
+    /// The core's own Python object (the handle box keeps it), while open.
+    fn object(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        let h = self.handle.as_ref()?;
+        // SAFETY: the box is alive while the handle is in the state.
+        unsafe { (*h.raw()).keep_alive.as_ref().map(|c| c.clone_ref(py).into_any()) }
+    }
+}
+
+#[pyclass(module = "zuvrs._zuvrs", name = "StreamCore", frozen)]
+pub struct StreamCore {
+    shared: *const LoopShared,
+    state: NativeCell<StreamState>,
+}
+
+// SAFETY: `shared` is set once and points at the loop, which outlives the
+// core's handle (the loop closes its clients first); the state is in a
+// NativeCell.
+unsafe impl Sync for StreamCore {}
+// SAFETY: as above.
+unsafe impl Send for StreamCore {}
+
+impl Transport for StreamCore {
+    type State = StreamState;
+
+    #[inline]
+    fn cell(&self) -> &NativeCell<StreamState> {
+        &self.state
+    }
+
+    #[inline]
+    fn shared(&self) -> &LoopShared {
+        // SAFETY: see the Sync impl.
+        unsafe { &*self.shared }
+    }
+}
+
+impl LoopClient for StreamCore {
+    /// Resumes a held read and flushes what this turn wrote.
+    fn before_poll(&self, py: Python<'_>) -> PyResult<()> {
+        if let Err(err) = self.rearm_read(py) {
+            if is_fatal_base(py, &err) {
+                return Err(err);
+            }
+            err.write_unraisable(py, None);
+        }
+        self.flush(py)
+    }
+
+    fn close_with_loop(&self, py: Python<'_>) {
+        self.close_handle(py);
+    }
+}
+
+impl StreamCore {
+    fn kind(&self, py: Python<'_>) -> StreamKind {
+        self.state.with(py, |st| st.kind)
+    }
+
+    fn buffer_size(&self, py: Python<'_>) -> usize {
+        self.state.with(py, |st| st.writes.size())
+    }
+
+    fn msg_read_error(&self, py: Python<'_>) -> &'static str {
+        match self.kind(py) {
+            StreamKind::Pipe => "Fatal read error on pipe transport",
+            StreamKind::Socket => "Fatal read error on socket transport",
+        }
+    }
+
+    fn msg_write_error(&self, py: Python<'_>) -> &'static str {
+        match self.kind(py) {
+            StreamKind::Pipe => "Fatal write error on pipe transport",
+            StreamKind::Socket => "Fatal write error on socket transport",
+        }
+    }
+
+    /// asyncio's `close()`: stop reading; connection_lost once the buffer
+    /// is sent.
+    fn close_transport(&self, py: Python<'_>) -> PyResult<()> {
+        if self.state.with(py, |st| std::mem::replace(&mut st.base.closing, true)) {
+            return Ok(());
+        }
+        self.stop_read(py);
+        let lose = self.state.with(py, |st| {
+            let idle = st.writes.is_idle();
+            if idle {
+                st.base.conn_lost += 1;
+            }
+            idle
+        });
+        if lose {
+            self.schedule_connection_lost(py, None)?;
+        }
+        Ok(())
+    }
+
+    /// asyncio's `_force_close`: drop pending data, stop reading, and
+    /// schedule connection_lost(exc). A write still in flight is cancelled
+    /// when the handle closes.
+    fn force_close(&self, py: Python<'_>, exc: Option<Py<PyAny>>) -> PyResult<()> {
+        let taken = self.state.with(py, |st| {
+            if st.base.conn_lost > 0 {
+                return None;
+            }
+            st.base.closing = true;
+            st.base.conn_lost += 1;
+            Some((st.writes.discard(), st.drain_waiter.take()))
+        });
+        let Some((dropped, waiter)) = taken else { return Ok(()) };
+        self.stop_read(py);
+        drop(dropped);
+        if let Some(waiter) = waiter {
+            let waiter = waiter.bind(py);
+            if !python::call_method(waiter, python::future::done(py), ())?.is_truthy()? {
+                let exc = PyConnectionError::new_err("Connection is closed by peer");
+                python::call_method(waiter, python::future::set_exception(py), (exc.into_value(py),))?;
+            }
+        }
+        self.schedule_connection_lost(py, exc)
+    }
+
+    /// Closes the libuv handle (and with it the fd); called after
+    /// connection_lost or when the loop closes.
+    fn close_handle(&self, py: Python<'_>) {
+        let handle = self.state.with(py, |st| {
+            st.reading = false;
+            st.handle.take()
+        });
+        if let Some(h) = handle {
+            self.shared().unregister(py, ClientPtr(self));
+            h.close_with(base::on_closed::<StreamHandle, StreamCore>);
+        }
+    }
+}
+
+#[pymethods]
+impl StreamCore {
+    /// Wraps a connected stream socket's fd (libuv takes the fd over) for
+    /// the Python transport `wrapper`: TCP, or a Unix socket when `unix`.
+    ///
+    /// With `pipe`, `fd` is a pipe, FIFO or socket of a pipe transport; it
+    /// must be one epoll accepts (libuv aborts on an fd epoll refuses).
+    #[staticmethod]
+    #[pyo3(signature = (loop_obj, fd, wrapper, unix=false, pipe=false))]
+    fn open(
+        py: Python<'_>,
+        loop_obj: &Bound<'_, LoopCore>,
+        fd: i32,
+        wrapper: Py<PyAny>,
+        unix: bool,
+        pipe: bool,
+    ) -> PyResult<Py<StreamCore>> {
+        let unix = unix || pipe;
+        let shared: *const LoopShared = loop_obj.get().shared();
+        // SAFETY: the loop object is alive (borrowed).
+        let uv_loop = unsafe { (*shared).uv_loop(py)? };
+        let core = Py::new(
+            py,
+            StreamCore {
+                shared,
+                state: NativeCell::new(StreamState {
+                    base: TransportBase::new(loop_obj.clone().into_any().unbind(), wrapper),
+                    handle: None,
+                    kind: if pipe { StreamKind::Pipe } else { StreamKind::Socket },
+                    reader: Reader::Plain,
+                    reading: false,
+                    rearm: false,
+                    eof: false,
+                    shutdown_sent: false,
+                    writes: WriteQueue::default(),
+                    drain_waiter: None,
+                    sendfile_in_progress: false,
+                    dropped_writes: 0,
+                }),
+            },
+        )?;
+        let me = core.get() as *const StreamCore;
+        let h = UvHandle::new(StreamBox::new(shared));
+        // SAFETY: a fresh allocation on an open loop; on failure after init
+        // the handle is closed, never freed directly.
+        unsafe {
+            let raw = h.raw();
+            let rc = if unix {
+                sys::uv_pipe_init(uv_loop, &mut *(*raw).handle.pipe, 0)
+            } else {
+                sys::uv_tcp_init(uv_loop, &mut *(*raw).handle.tcp)
+            };
+            if rc < 0 {
+                h.free_uninit();
+                return Err(uv_error(rc));
+            }
+            h.set_data(me);
+            let rc = if unix {
+                sys::uv_pipe_open(&mut *(*raw).handle.pipe, fd)
+            } else {
+                sys::uv_tcp_open(&mut *(*raw).handle.tcp, fd)
+            };
+            if rc < 0 {
+                h.close_with(base::on_closed::<StreamHandle, StreamCore>);
+                return Err(uv_error(rc));
+            }
+            if !unix {
+                // As asyncio does for every TCP transport. A stream socket
+                // that is not TCP refuses the option; that is fine.
+                sys::uv_tcp_nodelay(&mut *(*raw).handle.tcp, 1);
+            }
+            (*raw).keep_alive = Some(core.clone_ref(py));
+        }
+        core.get().state.with(py, |st| st.handle = Some(h));
+        // SAFETY: as above.
+        unsafe { (*shared).register(py, ClientPtr(me)) };
+        Ok(core)
+    }
+
+    /// Starts delivering data (asyncio starts reading after connection_made).
+    fn start_reading(&self, py: Python<'_>) -> PyResult<()> {
+        self.state.with(py, |st| st.base.started = true);
+        self.start_read(py).map_err(uv_error)
+    }
+
+    fn pause_reading(&self, py: Python<'_>) {
+        let pause = self.state.with(py, |st| {
+            let pause = !st.base.closing && !st.base.paused;
+            st.base.paused |= pause;
+            pause
+        });
+        if pause {
+            self.stop_read(py);
+        }
+    }
+
+    fn resume_reading(&self, py: Python<'_>) -> PyResult<()> {
+        let resume = self.state.with(py, |st| {
+            let resume = !st.base.closing && st.base.paused;
+            st.base.paused &= !resume;
+            resume
+        });
+        if resume {
+            self.start_read(py).map_err(uv_error)?;
+        }
+        Ok(())
+    }
+
+    fn is_reading(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| !st.base.paused && !st.base.closing)
+    }
+
+    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.write_data(py, data)
+    }
+
+    /// Writes every item, or nothing if one of them is not bytes-like.
+    fn writelines(&self, py: Python<'_>, list_of_data: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.write_lines(py, list_of_data)
+    }
+
+    fn write_eof(&self, py: Python<'_>) {
+        let send = self.state.with(py, |st| {
+            let send = !st.base.closing && !st.eof;
+            st.eof |= send;
+            send
+        });
+        if send {
+            self.maybe_shutdown(py);
+        }
+    }
+
+    fn can_write_eof(&self) -> bool {
+        true
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.close_transport(py)
+    }
+
+    /// Drops what the kernel will not take at once (data written this turn
+    /// is offered to it first, as asyncio's write() would have) and closes.
+    fn abort(&self, py: Python<'_>) -> PyResult<()> {
+        if self.state.with(py, |st| st.base.conn_lost == 0 && !st.writes.writing() && st.writes.has_queued()) {
+            self.flush(py)?;
+        }
+        self.force_close(py, None)
+    }
+
+    /// asyncio's `_force_close(exc)`.
+    fn _force_close(&self, py: Python<'_>, exc: Option<Py<PyAny>>) -> PyResult<()> {
+        self.force_close(py, exc)
+    }
+
+    fn is_closing(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| st.base.closing)
+    }
+
+    /// Frees the libuv handle and fd (after connection_lost ran).
+    fn _close_handle(&self, py: Python<'_>) {
+        self.close_handle(py);
+    }
+
+    /// Resolves `future` once the write buffer is empty (now, if it is).
+    fn _wait_drained(&self, py: Python<'_>, future: Py<PyAny>) -> PyResult<()> {
+        let set = self.state.with(py, |st| {
+            if st.drain_waiter.is_some() {
+                return false;
+            }
+            st.drain_waiter = Some(future);
+            true
+        });
+        if !set {
+            return Err(PyRuntimeError::new_err("Empty waiter is already set"));
+        }
+        self.after_drain(py)
+    }
+
+    /// Marks loop.sendfile() running on this transport (writes refused).
+    fn _set_sendfile_in_progress(&self, py: Python<'_>, active: bool) {
+        self.state.with(py, |st| st.sendfile_in_progress = active)
+    }
+
+    /// Whether the protocol was told to pause writing.
+    fn _protocol_paused(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| st.base.protocol_paused)
+    }
+
+    fn get_write_buffer_size(&self, py: Python<'_>) -> usize {
+        self.buffer_size(py)
+    }
+
+    fn get_write_buffer_limits(&self, py: Python<'_>) -> (usize, usize) {
+        self.state.with(py, |st| (st.base.low_water, st.base.high_water))
+    }
+
+    #[pyo3(signature = (high=None, low=None))]
+    fn set_write_buffer_limits(&self, py: Python<'_>, high: Option<isize>, low: Option<isize>) -> PyResult<()> {
+        self.set_water_marks(py, high, low)?;
+        self.pause_protocol_if_needed(py, self.buffer_size(py))
+    }
+
+    /// Sets the protocol; `buffered` when it is an asyncio.BufferedProtocol.
+    fn set_protocol(&self, py: Python<'_>, protocol: Py<PyAny>, buffered: bool) {
+        let old = self.state.with(py, |st| {
+            st.reader = Reader::for_protocol(buffered);
+            st.base.protocol.replace(protocol)
+        });
+        drop(old);
+    }
+
+    fn get_protocol(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.protocol(py)
+    }
+
+    /// Drops the protocol (after connection_lost), breaking the cycle
+    /// transport -> protocol -> transport. With `transport` (the connection
+    /// is over: nothing calls back into the transport any more), drops the
+    /// transport too, so transport and core are freed by reference counting
+    /// rather than left to the cyclic GC.
+    #[pyo3(signature = (transport=false))]
+    fn _forget_protocol(&self, py: Python<'_>, transport: bool) {
+        let old = self.state.with(py, |st| {
+            let wrapper = transport.then(|| std::mem::replace(&mut st.base.wrapper, py.None()));
+            (st.base.protocol.take(), wrapper)
+        });
+        drop(old);
+    }
+
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        // SAFETY: the GC holds the GIL; this only reads.
+        unsafe {
+            self.state.peek(|st| {
+                st.base.visit(&visit)?;
+                visit.call(&st.drain_waiter)
+            })
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The read side of a stream transport: where reads go, and what each
+//! outcome of a read (data, EOF, error) does.
+//!
+//! A transport's `Reader` is one of: a plain protocol, whose reads land in
+//! the loop's read buffer (readbuf.rs) and reach `data_received` from inside
+//! libuv's read callback; or a BufferedProtocol, whose reads go straight into
+//! the buffer its `get_buffer()` lends.
+
+use std::ptr;
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+
+use super::{StreamCore, StreamKind};
+use crate::errors::{is_fatal_base, uv_error};
+use crate::eventloop::ClientPtr;
+use crate::python;
+use crate::transport::base::Transport;
+use crate::transport::buffer::BufferView;
+use crate::transport::readbuf::{self, READ_SIZE};
+use crate::uv::{self, sys};
+
+/// Where a stream's reads go.
+pub(super) enum Reader {
+    /// `protocol.data_received(bytes)`, from the loop's read buffer.
+    Plain,
+    /// An asyncio.BufferedProtocol: libuv reads into the buffer lent by
+    /// `get_buffer()` (`view`, while a read is pending), then
+    /// `buffer_updated(n)`; `error` is why get_buffer() failed.
+    Buffered { view: Option<BufferView>, error: Option<PyErr> },
+}
+
+impl Reader {
+    pub(super) fn for_protocol(buffered: bool) -> Reader {
+        if buffered {
+            Reader::Buffered { view: None, error: None }
+        } else {
+            Reader::Plain
+        }
+    }
+}
+
+impl StreamCore {
+    pub(super) fn start_read(&self, py: Python<'_>) -> Result<(), i32> {
+        self.state.with(py, |st| {
+            if st.reading || !st.base.wants_reading() {
+                return Ok(());
+            }
+            let Some(stream) = st.stream_ptr() else { return Ok(()) };
+            // SAFETY: the stream is open; its data is this core.
+            let rc = unsafe { sys::uv_read_start(stream, Some(on_alloc), Some(on_read)) };
+            if rc < 0 {
+                return Err(rc);
+            }
+            st.reading = true;
+            Ok(())
+        })
+    }
+
+    pub(super) fn stop_read(&self, py: Python<'_>) {
+        self.state.with(py, |st| {
+            if st.reading {
+                st.reading = false;
+                if let Some(stream) = st.stream_ptr() {
+                    // SAFETY: the stream is open.
+                    unsafe { sys::uv_read_stop(stream) };
+                }
+            }
+        })
+    }
+
+    /// libuv wants memory for a read. A BufferedProtocol lends its own buffer
+    /// (`get_buffer(-1)`, as asyncio asks before each recv_into); otherwise
+    /// the loop's read buffer.
+    fn read_target(&self, py: Python<'_>) -> sys::uv_buf_t {
+        let protocol = self.state.with(py, |st| match st.reader {
+            Reader::Buffered { .. } => st.base.protocol.as_ref().map(|p| p.clone_ref(py)),
+            Reader::Plain => None,
+        });
+        if let Some(protocol) = protocol {
+            let view = python::call_method(protocol.bind(py), python::protocol::get_buffer(py), (-1,))
+                .and_then(|b| BufferView::get(&b, true))
+                .and_then(|v| {
+                    if v.len() == 0 {
+                        Err(PyRuntimeError::new_err("get_buffer() returned an empty buffer"))
+                    } else {
+                        Ok(v)
+                    }
+                });
+            return self.state.with(py, |st| {
+                let Reader::Buffered { view: slot, error } = &mut st.reader else {
+                    // The protocol changed meanwhile: read nothing this time.
+                    return uv::buf(ptr::null(), 0);
+                };
+                match view {
+                    Ok(v) => {
+                        let buf = uv::buf(v.ptr(), v.len());
+                        *slot = Some(v);
+                        buf
+                    }
+                    Err(e) => {
+                        // A zero-length buffer makes libuv report UV_ENOBUFS.
+                        *error = Some(e);
+                        uv::buf(ptr::null(), 0)
+                    }
+                }
+            });
+        }
+        match readbuf::memory(py) {
+            Some(p) => uv::buf(p, READ_SIZE),
+            // libuv reports UV_ENOBUFS for an empty buffer.
+            None => uv::buf(ptr::null(), 0),
+        }
+    }
+
+    fn on_read(&self, py: Python<'_>, nread: isize) {
+        let (view, get_buffer_error) = self.state.with(py, |st| match &mut st.reader {
+            Reader::Buffered { view, error } => (view.take(), error.take()),
+            Reader::Plain => (None, None),
+        });
+        if let Some(err) = get_buffer_error {
+            self.stop_read(py);
+            let res = if is_fatal_base(py, &err) {
+                Err(err)
+            } else {
+                self.fatal_error(py, err, "Fatal error: protocol.get_buffer() call failed.")
+            };
+            if let Err(err) = res {
+                self.fail_in_callback(py, err);
+            }
+            return;
+        }
+        if let Some(view) = view {
+            // The data is already in the protocol's buffer.
+            drop(view);
+            if nread > 0 {
+                if let Err(err) = self.buffer_updated(py, nread as usize) {
+                    self.fail_in_callback(py, err);
+                }
+                return;
+            }
+        }
+        let result = if nread > 0 {
+            let full = nread as usize == READ_SIZE && self.kind(py) == StreamKind::Pipe;
+            self.deliver(py, nread as usize)
+                .and_then(|()| if full { self.hold_reading_until_next_poll(py) } else { Ok(()) })
+        } else if nread == sys::uv_errno_t_UV_EOF as isize {
+            self.on_eof(py)
+        } else if nread < 0 {
+            self.stop_read(py);
+            self.fatal_error(py, uv_error(nread as i32), self.msg_read_error(py))
+        } else {
+            Ok(())
+        };
+        if let Err(err) = result {
+            self.fail_in_callback(py, err);
+        }
+    }
+
+    /// After a pipe read that filled the buffer (more is likely waiting),
+    /// reading pauses until just before the next poll: one full read per
+    /// turn, as asyncio's one read per readiness event. Otherwise libuv reads
+    /// up to 32 times in a row, and asyncio's subprocess protocols, which
+    /// pass data on in a later callback, cannot pause the flow in time: a
+    /// fast child then fills memory with megabytes. Sockets keep libuv's
+    /// bursts (their protocols pause synchronously; holding back halves
+    /// bulk TCP throughput, measured with benchmarks/compare.py tcp_bulk).
+    fn hold_reading_until_next_poll(&self, py: Python<'_>) -> PyResult<()> {
+        let me = self.state.with(py, |st| {
+            if !st.reading {
+                return None;
+            }
+            st.rearm = true;
+            st.object(py)
+        });
+        let Some(me) = me else { return Ok(()) };
+        self.stop_read(py);
+        self.shared().before_poll(py, me, ClientPtr(self));
+        Ok(())
+    }
+
+    /// Resumes a read held back by `hold_reading_until_next_poll`, unless
+    /// paused or closed meanwhile.
+    pub(super) fn rearm_read(&self, py: Python<'_>) -> PyResult<()> {
+        if !self.state.with(py, |st| std::mem::take(&mut st.rearm)) {
+            return Ok(());
+        }
+        match self.start_read(py) {
+            Ok(()) => Ok(()),
+            Err(rc) => self.fatal_error(py, uv_error(rc), self.msg_read_error(py)),
+        }
+    }
+
+    /// Hands `n` bytes from the read buffer to `protocol.data_received`.
+    fn deliver(&self, py: Python<'_>, n: usize) -> PyResult<()> {
+        let Some(protocol) = self.protocol(py) else { return Ok(()) };
+        let Some(bytes) = readbuf::take(py, n) else { return Ok(()) };
+        let result = python::call_method(protocol.bind(py), python::protocol::data_received(py), (&bytes,));
+        readbuf::give_back(bytes);
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) if is_fatal_base(py, &err) => Err(err),
+            Err(err) => self.fatal_error(py, err, "Fatal error: protocol.data_received() call failed."),
+        }
+    }
+
+    /// `n` bytes landed in a BufferedProtocol's buffer.
+    fn buffer_updated(&self, py: Python<'_>, n: usize) -> PyResult<()> {
+        let Some(protocol) = self.protocol(py) else { return Ok(()) };
+        match python::call_method(protocol.bind(py), python::protocol::buffer_updated(py), (n,)) {
+            Ok(_) => Ok(()),
+            Err(err) if is_fatal_base(py, &err) => Err(err),
+            Err(err) => self.fatal_error(py, err, "Fatal error: protocol.buffer_updated() call failed."),
+        }
+    }
+
+    fn on_eof(&self, py: Python<'_>) -> PyResult<()> {
+        self.stop_read(py);
+        if self.kind(py) == StreamKind::Pipe {
+            return self.pipe_eof(py);
+        }
+        let Some(protocol) = self.protocol(py) else { return Ok(()) };
+        match python::call_method(protocol.bind(py), python::protocol::eof_received(py), ()) {
+            Ok(keep_open) => {
+                if !keep_open.is_truthy()? {
+                    self.close_transport(py)?;
+                }
+                Ok(())
+            }
+            Err(err) if is_fatal_base(py, &err) => Err(err),
+            Err(err) => self.fatal_error(py, err, "Fatal error: protocol.eof_received() call failed."),
+        }
+    }
+
+    /// A read pipe's EOF: asyncio schedules eof_received() and then
+    /// connection_lost(None); the transport is closing from now on.
+    fn pipe_eof(&self, py: Python<'_>) -> PyResult<()> {
+        let (protocol, loop_obj) = self.state.with(py, |st| {
+            st.base.closing = true;
+            st.base.conn_lost += 1;
+            (st.base.protocol.as_ref().map(|p| p.clone_ref(py)), st.base.loop_obj.clone_ref(py))
+        });
+        if let Some(protocol) = protocol {
+            let cb = protocol.bind(py).getattr(python::protocol::eof_received(py))?;
+            python::call_method(loop_obj.bind(py), python::event_loop::call_soon(py), (cb,))?;
+        }
+        self.schedule_connection_lost(py, None)
+    }
+}
+
+unsafe extern "C" fn on_alloc(handle: *mut sys::uv_handle_t, _suggested: usize, buf: *mut sys::uv_buf_t) {
+    // SAFETY: data is the live core; the buffer handed out is consumed by
+    // on_read before the next allocation.
+    unsafe {
+        let core = &*((*handle).data as *const StreamCore);
+        let py = core.shared().reacquire_gil();
+        *buf = core.read_target(py);
+    }
+}
+
+unsafe extern "C" fn on_read(stream: *mut sys::uv_stream_t, nread: isize, _buf: *const sys::uv_buf_t) {
+    // SAFETY: the handle's data is a live StreamCore (see base::enter).
+    let (core, py, started) = unsafe { crate::transport::base::enter::<StreamCore>(stream as *mut sys::uv_handle_t) };
+    core.on_read(py, nread);
+    core.leave_io(py, started);
+}

@@ -1,0 +1,405 @@
+//! The write side of a stream transport: writes are batched per loop turn.
+//!
+//! `write()` only queues (`bytes` by reference, never copied; other buffers
+//! copied) and asks the loop for `before_poll`; before the loop next polls,
+//! `flush` tries one vectored `uv_try_write` of everything queued, and what
+//! the socket does not take goes to one vectored `uv_write` at a time. So a
+//! response written as header + body costs one system call, like one write.
+//! A large queue (over the high-water mark), a write while the loop is not
+//! running, and `abort()` try the socket at once, so flow control and "what
+//! the kernel took" match asyncio, where every write tries the socket.
+//! Flow control calls `pause_writing` / `resume_writing` at the water marks.
+
+use std::collections::VecDeque;
+use std::mem::MaybeUninit;
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
+use smallvec::SmallVec;
+
+use super::{StreamCore, StreamKind};
+use crate::errors::uv_error;
+use crate::eventloop::ClientPtr;
+use crate::python;
+use crate::transport::base::{Transport, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
+use crate::transport::buffer::BufferView;
+use crate::uv::{self, sys};
+
+/// Bytes waiting to be written.
+pub(super) enum Chunk {
+    /// An immutable `bytes`, referenced, from `offset` on.
+    Shared(Py<PyBytes>, usize),
+    /// A copy of a mutable buffer.
+    Owned(Vec<u8>, usize),
+}
+
+impl Chunk {
+    fn remaining(&self) -> &[u8] {
+        match self {
+            // SAFETY: a bytes object's buffer is immutable and lives as long
+            // as the reference this chunk holds.
+            Chunk::Shared(b, off) => unsafe {
+                let p = b.as_ptr();
+                let data = pyo3::ffi::PyBytes_AsString(p) as *const u8;
+                let len = pyo3::ffi::PyBytes_Size(p) as usize;
+                &std::slice::from_raw_parts(data, len)[*off..]
+            },
+            Chunk::Owned(v, off) => &v[*off..],
+        }
+    }
+
+    fn advance(&mut self, n: usize) {
+        match self {
+            Chunk::Shared(_, off) | Chunk::Owned(_, off) => *off += n,
+        }
+    }
+
+    /// The libuv buffer over what is left (whatever its size: see uv::buf).
+    fn uv_buf(&self) -> sys::uv_buf_t {
+        let b = self.remaining();
+        uv::buf(b.as_ptr(), b.len())
+    }
+}
+
+/// Takes the bytes of a bytes-like object: `bytes` is referenced, other
+/// buffers are copied (they may change after write() returns).
+pub(super) fn to_chunk(data: &Bound<'_, PyAny>) -> PyResult<(Chunk, usize)> {
+    if let Ok(b) = data.cast::<PyBytes>() {
+        let n = b.as_bytes().len();
+        return Ok((Chunk::Shared(b.clone().unbind(), 0), n));
+    }
+    if data.is_instance_of::<PyByteArray>() || data.is_instance_of::<PyMemoryView>() {
+        let v = BufferView::get(data, false)?.as_slice().to_vec();
+        let n = v.len();
+        return Ok((Chunk::Owned(v, 0), n));
+    }
+    Err(PyTypeError::new_err(format!("data argument must be a bytes-like object, not '{}'", data.get_type().name()?)))
+}
+
+/// One in-flight `uv_write` and the buffers it points into.
+#[repr(C)]
+struct WriteReq {
+    req: sys::uv_write_t,
+    chunks: SmallVec<[Chunk; 4]>,
+    bytes: usize,
+}
+
+/// What is waiting to be written, and what is on its way.
+#[derive(Default)]
+pub(super) struct WriteQueue {
+    queue: VecDeque<Chunk>,
+    queued_bytes: usize,
+    in_flight_bytes: usize,
+    /// A `uv_write` is in flight (its completion sends the queue).
+    writing: bool,
+    /// Asked the loop for `before_poll` (queued data not yet tried).
+    flush_pending: bool,
+}
+
+impl WriteQueue {
+    /// Bytes buffered: queued plus in flight.
+    pub(super) fn size(&self) -> usize {
+        self.queued_bytes + self.in_flight_bytes
+    }
+
+    /// Nothing queued and nothing in flight.
+    pub(super) fn is_idle(&self) -> bool {
+        !self.writing && self.queue.is_empty()
+    }
+
+    pub(super) fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    pub(super) fn writing(&self) -> bool {
+        self.writing
+    }
+
+    /// Drops what is queued (and stops counting a write in flight, which is
+    /// cancelled when the handle closes); returned to drop outside a borrow.
+    pub(super) fn discard(&mut self) -> VecDeque<Chunk> {
+        self.queued_bytes = 0;
+        self.in_flight_bytes = 0;
+        std::mem::take(&mut self.queue)
+    }
+
+    /// `n` bytes from the front of the queue went out.
+    fn advance(&mut self, mut n: usize) {
+        self.queued_bytes -= n;
+        while n > 0 {
+            let front = self.queue.front_mut().expect("bytes written come from the queue");
+            let len = front.remaining().len();
+            if n >= len {
+                n -= len;
+                self.queue.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+    }
+}
+
+/// What `write()` decided with the state borrowed.
+enum WriteAction {
+    Queue,
+    /// Dropped (a lost connection); log asyncio's warning when true.
+    Drop(bool),
+}
+
+impl StreamCore {
+    pub(super) fn write_data(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (chunk, len) = to_chunk(data)?;
+        let action = self.state.with(py, |st| -> PyResult<Option<WriteAction>> {
+            if st.eof {
+                return Err(PyRuntimeError::new_err("Cannot call write() after write_eof()"));
+            }
+            if st.sendfile_in_progress {
+                return Err(PyRuntimeError::new_err("unable to write; sendfile is in progress"));
+            }
+            if len == 0 {
+                return Ok(None);
+            }
+            let pipe = st.kind == StreamKind::Pipe;
+            if st.base.conn_lost > 0 || st.handle.is_none() || (pipe && st.base.closing) {
+                // Dropped, as asyncio drops writes to a lost connection (and,
+                // for pipes, to a closing one), warning after a few.
+                let warn = st.base.conn_lost + st.dropped_writes >= LOG_THRESHOLD_FOR_CONNLOST_WRITES;
+                // conn_lost doubles as "connection_lost scheduled": count
+                // drops separately while that has not happened yet.
+                if st.base.conn_lost > 0 {
+                    st.base.conn_lost += 1;
+                } else {
+                    st.dropped_writes += 1;
+                }
+                return Ok(Some(WriteAction::Drop(warn)));
+            }
+            Ok(Some(WriteAction::Queue))
+        })?;
+        match action {
+            None | Some(WriteAction::Drop(false)) => Ok(()),
+            Some(WriteAction::Drop(true)) => {
+                let message = if self.kind(py) == StreamKind::Pipe {
+                    "pipe closed by peer or os.write(pipe, data) raised exception."
+                } else {
+                    "socket.send() raised exception."
+                };
+                python::call_method(python::logger(py)?, pyo3::intern!(py, "warning"), (message,))?;
+                Ok(())
+            }
+            Some(WriteAction::Queue) => self.enqueue(py, chunk, len),
+        }
+    }
+
+    /// Writes every item, or nothing if one of them is not bytes-like.
+    pub(super) fn write_lines(&self, py: Python<'_>, list_of_data: &Bound<'_, PyAny>) -> PyResult<()> {
+        if self.state.with(py, |st| st.eof) {
+            return Err(PyRuntimeError::new_err("Cannot call write() after write_eof()"));
+        }
+        let items: Vec<Bound<'_, PyAny>> = list_of_data.try_iter()?.collect::<PyResult<_>>()?;
+        for item in &items {
+            to_chunk(item)?;
+        }
+        for item in &items {
+            self.write_data(py, item)?;
+        }
+        Ok(())
+    }
+
+    /// Queues `chunk`; unless a write is in flight (its completion sends the
+    /// queue), the transport asks to be flushed before the next poll.
+    fn enqueue(&self, py: Python<'_>, chunk: Chunk, len: usize) -> PyResult<()> {
+        let running = self.shared().is_running(py);
+        let (flush_now, ask, me) = self.state.with(py, |st| {
+            let w = &mut st.writes;
+            w.queue.push_back(chunk);
+            w.queued_bytes += len;
+            if w.writing {
+                return (false, false, None);
+            }
+            if w.queued_bytes > st.base.high_water || !running {
+                // Too much to hold until the end of the turn, or no turn
+                // coming (the loop is not running): try the socket now, so
+                // flow control reflects what the kernel could not take, as
+                // in asyncio where every write tries the socket at once.
+                return (true, false, None);
+            }
+            if w.flush_pending {
+                return (false, false, None);
+            }
+            w.flush_pending = true;
+            (false, true, st.object(py))
+        });
+        if flush_now {
+            self.flush(py)?;
+        } else if ask {
+            if let Some(me) = me {
+                self.shared().before_poll(py, me, ClientPtr(self));
+            }
+        }
+        self.pause_protocol_if_needed(py, self.buffer_size(py))
+    }
+
+    /// One vectored try-write of everything queued; the rest goes to
+    /// `uv_write`.
+    pub(super) fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let failed = self.state.with(py, |st| {
+            st.writes.flush_pending = false;
+            let stream = st.stream_ptr();
+            let w = &mut st.writes;
+            if w.writing || w.queue.is_empty() {
+                return Ok(false);
+            }
+            let Some(stream) = stream else { return Ok(false) };
+            let bufs: SmallVec<[sys::uv_buf_t; 8]> = w.queue.iter().map(Chunk::uv_buf).collect();
+            // SAFETY: the buffers point into chunks the queue owns; libuv
+            // writes at most IOV_MAX of them.
+            let n = unsafe { sys::uv_try_write(stream, bufs.as_ptr(), bufs.len() as u32) };
+            if n < 0 && n != sys::uv_errno_t_UV_EAGAIN {
+                return Err((n, w.discard()));
+            }
+            w.advance(n.max(0) as usize);
+            Ok(true)
+        });
+        match failed {
+            Ok(false) => Ok(()),
+            Ok(true) => {
+                self.submit(py)?;
+                self.resume_protocol_if_needed(py, self.buffer_size(py))?;
+                self.after_drain(py)
+            }
+            Err((code, dropped)) => {
+                drop(dropped);
+                self.fatal_error(py, uv_error(code), self.msg_write_error(py))
+            }
+        }
+    }
+
+    /// Starts one vectored `uv_write` of everything queued, unless one is
+    /// already in flight.
+    fn submit(&self, py: Python<'_>) -> PyResult<()> {
+        let me = self as *const StreamCore;
+        let failed = self.state.with(py, |st| {
+            let Some(stream) = st.stream_ptr() else { return None };
+            let w = &mut st.writes;
+            if w.writing || w.queue.is_empty() {
+                return None;
+            }
+            let mut req = Box::new(WriteReq {
+                // SAFETY: plain C data, initialised by uv_write below.
+                req: unsafe { MaybeUninit::zeroed().assume_init() },
+                chunks: w.queue.drain(..).collect(),
+                bytes: w.queued_bytes,
+            });
+            w.in_flight_bytes += w.queued_bytes;
+            w.queued_bytes = 0;
+            let bufs: SmallVec<[sys::uv_buf_t; 4]> = req.chunks.iter().map(Chunk::uv_buf).collect();
+            req.req.data = me as *mut _;
+            let raw = Box::into_raw(req);
+            // SAFETY: the buffers point into chunks owned by the request,
+            // which lives until on_write frees it.
+            let rc =
+                unsafe { sys::uv_write(&mut (*raw).req, stream, bufs.as_ptr(), bufs.len() as u32, Some(on_write)) };
+            if rc < 0 {
+                // SAFETY: libuv refused the request: it is still ours.
+                let req = unsafe { Box::from_raw(raw) };
+                w.in_flight_bytes -= req.bytes;
+                return Some((rc, req));
+            }
+            w.writing = true;
+            None
+        });
+        match failed {
+            None => Ok(()),
+            Some((rc, req)) => {
+                drop(req);
+                self.fatal_error(py, uv_error(rc), self.msg_write_error(py))
+            }
+        }
+    }
+
+    /// Once nothing is left to write: wake a drain waiter, finish a pending
+    /// close, or send EOF.
+    pub(super) fn after_drain(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(waiter) = self.state.with(py, |st| st.writes.is_idle().then(|| st.drain_waiter.take())) else {
+            return Ok(());
+        };
+        if let Some(waiter) = waiter {
+            let waiter = waiter.bind(py);
+            if !python::call_method(waiter, python::future::done(py), ())?.is_truthy()? {
+                python::call_method(waiter, python::future::set_result(py), (py.None(),))?;
+            }
+        }
+        let lose = self.state.with(py, |st| {
+            let lose = st.base.closing && st.base.conn_lost == 0;
+            if lose {
+                st.base.conn_lost += 1;
+            }
+            lose
+        });
+        if lose {
+            return self.schedule_connection_lost(py, None);
+        }
+        self.maybe_shutdown(py);
+        Ok(())
+    }
+
+    /// Sends EOF (shutdown of the write side) once nothing is left to write.
+    pub(super) fn maybe_shutdown(&self, py: Python<'_>) {
+        self.state.with(py, |st| {
+            if !st.eof || st.shutdown_sent || !st.writes.is_idle() {
+                return;
+            }
+            let Some(stream) = st.stream_ptr() else { return };
+            st.shutdown_sent = true;
+            // SAFETY: plain C data, initialised by uv_shutdown.
+            let req = Box::into_raw(Box::new(unsafe { MaybeUninit::<sys::uv_shutdown_t>::zeroed().assume_init() }));
+            // SAFETY: the stream is open; the request is freed by on_shutdown
+            // or below.
+            let rc = unsafe { sys::uv_shutdown(req, stream, Some(on_shutdown)) };
+            if rc < 0 {
+                // SAFETY: libuv refused the request: it is still ours.
+                drop(unsafe { Box::from_raw(req) });
+            }
+        })
+    }
+
+    fn on_write_done(&self, py: Python<'_>, bytes: usize, status: i32) -> PyResult<()> {
+        let closed = self.state.with(py, |st| {
+            st.writes.writing = false;
+            st.writes.in_flight_bytes = st.writes.in_flight_bytes.saturating_sub(bytes);
+            st.handle.is_none()
+        });
+        if status == sys::uv_errno_t_UV_ECANCELED || closed {
+            return Ok(());
+        }
+        if status < 0 {
+            return self.fatal_error(py, uv_error(status), self.msg_write_error(py));
+        }
+        self.submit(py)?;
+        self.resume_protocol_if_needed(py, self.buffer_size(py))?;
+        self.after_drain(py)
+    }
+}
+
+unsafe extern "C" fn on_write(req: *mut sys::uv_write_t, status: i32) {
+    // SAFETY: the request came from submit(); its data is the core, which
+    // its handle box keeps alive until the close callback, which libuv runs
+    // after cancelling pending writes.
+    unsafe {
+        let req = Box::from_raw(req as *mut WriteReq);
+        let core = &*(req.req.data as *const StreamCore);
+        let py = core.shared().enter_io();
+        let bytes = req.bytes;
+        drop(req);
+        if let Err(err) = core.on_write_done(py, bytes, status) {
+            core.fail_in_callback(py, err);
+        }
+    }
+}
+
+unsafe extern "C" fn on_shutdown(req: *mut sys::uv_shutdown_t, _status: i32) {
+    // SAFETY: the request came from maybe_shutdown.
+    unsafe { drop(Box::from_raw(req)) };
+}
