@@ -37,7 +37,6 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(net::dns::numeric_addrinfo, m)?)?;
     m.add_function(wrap_pyfunction!(net::dns::resolve, m)?)?;
     m.add_function(wrap_pyfunction!(net::dns::name_info, m)?)?;
-    m.add_function(wrap_pyfunction!(transport::chardev::read_fd, m)?)?;
     m.add_function(wrap_pyfunction!(net::tcp::tcp_connect, m)?)?;
     m.add_function(wrap_pyfunction!(net::tcp::tcp_names, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -24,6 +24,7 @@ from . import _zuvrs
 from ._all_errors import AllErrorsMixin
 from ._network import NetworkMixin
 from ._process import ChildReaper
+from .transports import NativeTransport
 
 __all__ = ("Loop",)
 
@@ -77,12 +78,10 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         # The wakeup fd that was set before this loop claimed it, or None
         # while the loop does not hold it.
         self._wakeup_previous = None
-        # fd -> open datagram transport (for add_reader checks and loop close).
+        # fd -> open socket transport, as asyncio keeps it (add_reader and
+        # friends refuse a transport's fd; asyncio's own transports, which
+        # zuvrs uses for what a native core cannot serve, register here).
         self._transports = weakref.WeakValueDictionary()
-        # fd -> open stream transport; each is alive anyway while its libuv
-        # handle is open (the core holds it) and leaves when it releases
-        # its fd, so a plain dict does.
-        self._stream_transports = {}
         # Listening Unix socket -> (path, inode), removed when the server closes.
         self._unix_socket_files = {}
         self._child_reaper = ChildReaper(self)
@@ -132,11 +131,11 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
                 self.remove_signal_handler(sig)
         asyncio.BaseEventLoop.close(self)
         self._child_reaper.close()
-        # Transports still open lose their fd with the loop (libuv closes it).
-        for transport in list(self._stream_transports.values()):
-            transport._release()
+        # Native transports still open lose their fd with the loop (libuv
+        # closes it); asyncio's own transports are left as asyncio leaves them.
         for transport in list(self._transports.values()):
-            transport._release()
+            if isinstance(transport, NativeTransport):
+                transport._release()
         self._free_core()
         if self.__dict__.get("call_soon") == _zuvrs.LoopCore.call_soon.__get__(self):
             # The cached bound method refers to the loop: drop the cycle.
@@ -178,6 +177,26 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         logger.warning("Executing <Handle %s._read_ready()> took %.3f seconds", type(transport).__name__, seconds)
 
     # -- file descriptor watching ---------------------------------------------
+    # (_add_reader and friends are asyncio's selector-loop names, which its
+    # own transports call: see transports/_fallback.py.)
+
+    def _add_reader(self, fd, callback, *args):
+        self._check_closed()
+        return self._set_fd_handler(fd, False, callback, args)
+
+    def _remove_reader(self, fd):
+        if self.is_closed():
+            return False
+        return self._clear_fd_handler(fd, False)
+
+    def _add_writer(self, fd, callback, *args):
+        self._check_closed()
+        return self._set_fd_handler(fd, True, callback, args)
+
+    def _remove_writer(self, fd):
+        if self.is_closed():
+            return False
+        return self._clear_fd_handler(fd, True)
 
     def add_reader(self, fd, callback, *args):
         """Call callback(*args) whenever fd is readable."""

@@ -17,11 +17,15 @@ from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock
 from asyncio.log import logger
 
 from . import _all_errors, _zuvrs
-from ._datagram import make_datagram_transport
-from ._pipes import make_read_pipe_transport, make_write_pipe_transport
 from ._process import SubprocessTransport
 from ._server import NATIVE_CLIENT_TRACKING, apply_keep_alive, upgrade_server
-from ._transports import SocketTransport
+from .transports import (
+    SocketTransport,
+    make_datagram_transport,
+    make_read_pipe_transport,
+    make_socket_transport,
+    make_write_pipe_transport,
+)
 
 _open_tcp = SocketTransport._open_tcp
 
@@ -116,7 +120,7 @@ class NetworkMixin:
 
     def _make_socket_transport(self, sock, protocol, waiter=None, *, extra=None, server=None):
         self._ensure_fd_no_transport(sock)
-        return SocketTransport(self, sock, protocol, waiter, extra, server)
+        return make_socket_transport(self, sock, protocol, waiter, extra, server)
 
     def _make_datagram_transport(self, sock, protocol, address=None, waiter=None, extra=None):
         return make_datagram_transport(self, sock, protocol, address, waiter, extra)
@@ -159,7 +163,7 @@ class NetworkMixin:
                 fileno = int(fileno.fileno())
             except (AttributeError, TypeError, ValueError):
                 raise ValueError(f"Invalid file object: {fd!r}") from None
-        transport = self._stream_transports.get(fileno) or self._transports.get(fileno)
+        transport = self._transports.get(fileno)
         if transport is not None and not transport.is_closing():
             raise RuntimeError(f"File descriptor {fd!r} is used by transport {transport!r}")
 
@@ -389,11 +393,11 @@ class NetworkMixin:
         transp._core._set_sendfile_in_progress(True)
         try:
             await transp._wait_drained()
-            del self._stream_transports[fd]
+            del self._transports[fd]
             try:
                 return await self.sock_sendfile(sock, file, offset, count, fallback=False)
             finally:
-                self._stream_transports[fd] = transp
+                self._transports[fd] = transp
         finally:
             transp._core._set_sendfile_in_progress(False)
             if resume_reading:

@@ -239,24 +239,15 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
         }
     }
 
-    /// Sets the write buffer limits as asyncio's `_set_write_buffer_limits`.
-    fn set_water_marks(&self, py: Python<'_>, high: Option<isize>, low: Option<isize>) -> PyResult<(usize, usize)> {
-        let high = match (high, low) {
-            (Some(h), _) => h,
-            (None, Some(l)) => 4 * l,
-            (None, None) => DEFAULT_HIGH_WATER as isize,
-        };
-        let low = low.unwrap_or(high / 4);
-        if !(high >= low && low >= 0) {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "high ({high}) must be >= low ({low}) must be >= 0"
-            )));
-        }
+    /// Sets the water marks (the Python transport checks and keeps the
+    /// limits as asyncio's `_set_write_buffer_limits` does), then pauses the
+    /// protocol if `buffered` is now over the high one.
+    fn set_water_marks(&self, py: Python<'_>, high: usize, low: usize, buffered: usize) -> PyResult<()> {
         self.with_base(py, |b| {
-            b.high_water = high as usize;
-            b.low_water = low as usize;
+            b.high_water = high;
+            b.low_water = low;
         });
-        Ok((high as usize, low as usize))
+        self.pause_protocol_if_needed(py, buffered)
     }
 }
 

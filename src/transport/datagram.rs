@@ -578,10 +578,9 @@ impl DatagramCore {
         self.state.with(py, |st| (st.base.low_water, st.base.high_water))
     }
 
-    #[pyo3(signature = (high=None, low=None))]
-    fn set_write_buffer_limits(&self, py: Python<'_>, high: Option<isize>, low: Option<isize>) -> PyResult<()> {
-        self.set_water_marks(py, high, low)?;
-        self.pause_protocol_if_needed(py, self.state.with(py, |st| st.buffer_size))
+    /// The write buffer's water marks, in bytes (see transports/_base.py).
+    fn _set_water_marks(&self, py: Python<'_>, high: usize, low: usize) -> PyResult<()> {
+        self.set_water_marks(py, high, low, self.state.with(py, |st| st.buffer_size))
     }
 
     /// Whether the protocol was told to pause writing.
@@ -710,6 +709,10 @@ impl DatagramCore {
     /// full (EAGAIN), as a real one does under load.
     fn _block_sends(&self, py: Python<'_>, count: u32) {
         self.state.with(py, |st| st.blocked_sends = count)
+    }
+
+    fn get_protocol(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.protocol(py)
     }
 
     fn set_protocol(&self, py: Python<'_>, protocol: Py<PyAny>) {

@@ -14,11 +14,9 @@
 //! - readbuf.rs: the buffer reads land in
 //! - buffer.rs: borrowing bytes-like objects
 //! - methods.rs: a Python transport's method that is its core's
-//! - chardev.rs: reads for character devices (Python pipe transports)
 
 pub(crate) mod base;
 pub(crate) mod buffer;
-pub(crate) mod chardev;
 pub(crate) mod datagram;
 pub(crate) mod methods;
 pub(crate) mod readbuf;

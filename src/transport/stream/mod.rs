@@ -411,10 +411,9 @@ impl StreamCore {
         self.state.with(py, |st| (st.base.low_water, st.base.high_water))
     }
 
-    #[pyo3(signature = (high=None, low=None))]
-    fn set_write_buffer_limits(&self, py: Python<'_>, high: Option<isize>, low: Option<isize>) -> PyResult<()> {
-        self.set_water_marks(py, high, low)?;
-        self.pause_protocol_if_needed(py, self.buffer_size(py))
+    /// The write buffer's water marks, in bytes (see transports/_base.py).
+    fn _set_water_marks(&self, py: Python<'_>, high: usize, low: usize) -> PyResult<()> {
+        self.set_water_marks(py, high, low, self.buffer_size(py))
     }
 
     /// Sets the protocol; `buffered` when it is an asyncio.BufferedProtocol.

@@ -1,0 +1,177 @@
+"""Socket transports: TCP and Unix stream sockets over a native StreamCore.
+
+The transport is an ``asyncio.Transport`` (through asyncio's flow-control
+base, on which asyncio's sendfile fallback insists); libuv owns the
+socket's fd. Connections that zuvrs accepts or connects natively have no
+socket object until ``get_extra_info('socket')`` asks for one.
+"""
+
+import os
+import socket
+from asyncio import constants, protocols, transports, trsock
+
+from .. import _zuvrs
+from .._server import NATIVE_CLIENT_TRACKING, Server
+from ._base import CoreMethod, NativeTransport, WriteFlowControl, socket_extra
+
+__all__ = ("SocketTransport",)
+
+_open_core = _zuvrs.StreamCore.open
+_tcp_names = _zuvrs.tcp_names
+_BufferedProtocol = protocols.BufferedProtocol
+
+
+def _attach_to(server, transport):
+    # asyncio's Server takes the transport from 3.13 on; zuvrs's own Server
+    # subclass (older Pythons) accepts it too; a plain older Server does not.
+    if NATIVE_CLIENT_TRACKING or isinstance(server, Server):
+        server._attach(transport)
+    else:
+        server._attach()
+
+
+def _detach_from(server, transport):
+    if NATIVE_CLIENT_TRACKING or isinstance(server, Server):
+        server._detach(transport)
+    else:
+        server._detach()
+
+
+class _Extra(dict):
+    """A stream transport's extra info. Its "socket" is made when first
+    asked for, for a transport opened on a bare fd (asyncio's
+    ``get_extra_info`` reads ``_extra.get``, so that method stays asyncio's
+    own and code that patches it still works). It holds the socket object,
+    and nothing that refers back to the transport."""
+
+    __slots__ = ("lazy", "sock")
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        # (fd, family, proto) of the socket still to be made (fd -1: the fd
+        # is gone, make a closed one), or None.
+        self.lazy = None
+        self.sock = None
+
+    def get(self, name, default=None):
+        if name == "socket" and self.lazy is not None:
+            self.socket()
+        return dict.get(self, name, default)
+
+    def socket(self):
+        """The socket object; None once the transport let go of its fd."""
+        if self.lazy is not None:
+            fd, family, proto = self.lazy
+            self.lazy = None
+            if fd < 0:
+                # What asyncio's transport shows once closed: a closed
+                # socket of the same kind.
+                sock = socket.socket(family, socket.SOCK_STREAM, proto)
+                sock.close()
+            else:
+                sock = self.sock = socket.socket(family, socket.SOCK_STREAM, proto, fd)
+                sock.setblocking(False)
+            self["socket"] = trsock.TransportSocket(sock)
+        return self.sock
+
+    def detach(self):
+        """libuv closes the fd: keep the socket object from closing it too."""
+        if self.lazy is not None:
+            self.lazy = (-1,) + self.lazy[1:]
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.detach()
+
+
+class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControlMixin):
+    """A TCP or Unix stream socket transport over a StreamCore."""
+
+    _sendfile_compatible = constants._SendfileMode.TRY_NATIVE
+    _start_tls_compatible = True
+
+    write = CoreMethod("write")
+    writelines = CoreMethod("writelines")
+    pause_reading = CoreMethod("pause_reading")
+    resume_reading = CoreMethod("resume_reading")
+    is_reading = CoreMethod("is_reading")
+    write_eof = CoreMethod("write_eof")
+    abort = CoreMethod("abort")
+
+    def __init__(self, loop, sock, protocol, waiter=None, extra=None, server=None):
+        self._extra = _Extra(extra or {})
+        self._extra.sock = sock
+        self._extra["socket"] = trsock.TransportSocket(sock)
+        socket_extra(self._extra, sock)
+        self._loop = loop
+        self._fd = self._sock_fd = sock.fileno()
+        # The core sets TCP_NODELAY on TCP sockets, as asyncio does.
+        core = _open_core(loop, self._fd, self, sock.family == socket.AF_UNIX)
+        self._connect(core, protocol, waiter, server)
+
+    @classmethod
+    def _open_tcp(cls, loop, fd, family, proto, protocol, waiter=None, peername=None, server=None):
+        """A transport over the connected TCP socket `fd` (from accept or
+        connect; the transport owns it from now on, closing it if this
+        fails). The socket object behind get_extra_info('socket') is only
+        made when asked for."""
+        self = cls.__new__(cls)
+        try:
+            self._extra = extra = _Extra()
+            self._loop = loop
+            self._fd = self._sock_fd = fd
+            extra.lazy = (fd, family, proto)
+            extra["sockname"], extra["peername"] = _tcp_names(fd, peername)
+            core = _open_core(loop, fd, self, False)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._connect(core, protocol, waiter, server)
+        return self
+
+    def _connect(self, core, protocol, waiter, server):
+        self._server = server
+        self._core = core
+        core.set_protocol(protocol, isinstance(protocol, _BufferedProtocol))
+        self._protocol_connected = True
+        if server is not None:
+            _attach_to(server, self)
+        self._start(protocol, waiter)
+
+    def _socket(self):
+        """The socket object (made now if this transport was opened on a
+        bare fd); None once the transport has released its fd."""
+        return self._extra.socket()
+
+    def can_write_eof(self):
+        return True
+
+    def set_protocol(self, protocol):
+        self._core.set_protocol(protocol, isinstance(protocol, _BufferedProtocol))
+        self._protocol_connected = True
+
+    def _wait_drained(self):
+        """A future resolved once everything written has been sent."""
+        fut = self._loop.create_future()
+        self._core._wait_drained(fut)
+        return fut
+
+    def __repr__(self):
+        info = [type(self).__name__]
+        state = self._state()
+        if state != "open":
+            info.append(state)
+        info.append(f"fd={self._sock_fd}")
+        return "<{}>".format(" ".join(info))
+
+    def _call_connection_lost(self, exc):
+        if self._protocol_connected:
+            NativeTransport._call_connection_lost(self, exc)
+        else:
+            self._release(True)
+
+    def _let_go_of_fd(self, core):
+        self._extra.detach()
+        core._close_handle()
+        server, self._server = self._server, None
+        if server is not None:
+            _detach_from(server, self)
