@@ -9,8 +9,10 @@ Usage (from the repository root)::
     python3 benchmarks/compare.py --loops uvloop,zuvrs --workloads call_soon,timers_fire
     python3 benchmarks/compare.py --samples 9 --json run.json --markdown run.md
     python3 benchmarks/compare.py --size call_soon=200000 --timeout 60
-    python3 benchmarks/compare.py --quick --workloads tcp_echo_streams,tcp_echo_protocol,tcp_bulk,unix_echo_streams,short_connections,getaddrinfo_numeric,split_writes_one,split_writes_two
-    python3 benchmarks/compare.py --quick --workloads udp_echo,unix_dgram_echo,subprocess_spawn,subprocess_pipe_output,pipe_roundtrip
+    python3 benchmarks/compare.py --quick --workloads tcp_echo_streams,tcp_echo_protocol,tcp_bulk,\
+        unix_echo_streams,short_connections,getaddrinfo_numeric,split_writes_one,split_writes_two
+    python3 benchmarks/compare.py --quick --workloads udp_echo,unix_dgram_echo,subprocess_spawn,\
+        subprocess_pipe_output,pipe_roundtrip
 
 What it does:
 
@@ -692,7 +694,8 @@ def render_markdown(report: Dict[str, Any]) -> str:
     L.append(f"date (UTC)     {report['started']}  ({report['duration_s']:.0f} s)")
     L.append(f"command        {' '.join(report['argv'])}")
     L.append(f"python         {py.get('executable')}")
-    L.append(f"               {py.get('implementation')} {py.get('version', '').splitlines()[0] if py.get('version') else ''}")
+    version = py.get("version", "").splitlines()[0] if py.get("version") else ""
+    L.append(f"               {py.get('implementation')} {version}")
     L.append(f"build          debug={py.get('debug_build')} free_threaded={py.get('free_threaded')} "
              f"gil_enabled={py.get('gil_enabled')} jit={py.get('jit_enabled', 'n/a')} "
              f"dev_mode={py.get('dev_mode')} optimize={py.get('optimize')}")
@@ -842,7 +845,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     results: Dict[str, Any] = {}
     gc_seen = set()
     rot = 0
-    for wi, w in enumerate(wnames):
+    for w in wnames:
         size = sizes[w]
         wr: Dict[str, Any] = {
             "size": size, "description": workloads.WORKLOADS[w][2],
@@ -896,7 +899,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     loop_info[l].setdefault("loop_type", s["loop_type"])
 
     builds_seen: Dict[str, List[str]] = {}
-    for w, wr in results.items():
+    for wr in results.values():
         for l in avail:
             for s in wr["warmups"][l] + wr["samples"][l]:
                 b = s.get("build_id")

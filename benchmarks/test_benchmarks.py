@@ -10,7 +10,8 @@ not support a workload (workloads.Unsupported: rloop has no Unix sockets).
 A network workload runs its server and client on the loop under test (the
 pipe and UDP workloads both ends too). Sizes are small so that
 the plain run takes a few seconds; ZUVRS_BENCH_SCALE=<float> multiplies
-them, ZUVRS_BENCH_LOOPS=asyncio,zuvrs restricts the loops. The workload bodies are shared with compare.py (workloads.py); the
+them, ZUVRS_BENCH_LOOPS=asyncio,zuvrs restricts the loops. The workload bodies are shared with
+compare.py (workloads.py); the
 cross-loop comparison in fresh processes is compare.py's job.
 """
 

@@ -44,7 +44,6 @@ sys.path.insert(0, HERE)
 import _httpbench as hb  # noqa: E402
 import workloads  # noqa: E402
 
-
 # ---- the server process ---------------------------------------------------
 
 

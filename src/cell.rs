@@ -37,6 +37,7 @@ pub(crate) struct NativeCell<T> {
 // and through `peek` / `get_mut`, whose callers hold the GIL or own the cell;
 // the module declares that it needs the GIL (src/lib.rs).
 unsafe impl<T> Sync for NativeCell<T> {}
+// SAFETY: as for Sync.
 unsafe impl<T> Send for NativeCell<T> {}
 
 impl<T> NativeCell<T> {

@@ -11,9 +11,7 @@ import threading
 import warnings
 
 import pytest
-
 from _support import PY312, PY314, loop_type, policy_restored, run
-
 
 # -- policy / install ---------------------------------------------------------
 

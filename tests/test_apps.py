@@ -8,7 +8,6 @@ import asyncio
 import socket
 
 import pytest
-
 from _support import TIMEOUT, payload, run
 
 BIG = payload(10 * 1024, seed=7)

@@ -2,15 +2,13 @@
 
 import asyncio
 import contextvars
-import sys
-import threading
 import functools
 import logging
+import sys
+import threading
 
 import pytest
-
 from _support import PY312, SCHEDULERS, collect_exceptions, noop_coro, run, run_forever, run_once
-
 
 # -- ordering and arguments ----------------------------------------------------
 

@@ -6,7 +6,6 @@ import tempfile
 import time
 
 import pytest
-
 from _support import collect_exceptions, run_forever, run_once
 
 
@@ -303,10 +302,10 @@ def test_many_fds(loop):
             if len(received) == len(pairs):
                 loop.stop()
 
-        for i, (a, b) in enumerate(pairs):
+        for i, (a, _b) in enumerate(pairs):
             a.setblocking(False)
             loop.add_reader(a.fileno(), on_readable, i, a)
-        for i, (a, b) in enumerate(pairs):
+        for i, (_a, b) in enumerate(pairs):
             b.send(str(i).encode())
         run_forever(loop)
         assert received == {i: str(i).encode() for i in range(len(pairs))}

@@ -18,7 +18,6 @@ import warnings
 import weakref
 
 import pytest
-
 from _support import SCHEDULERS, fd_count, gc_object_count, rss_bytes, run, run_forever, run_once
 
 MiB = 1024 * 1024

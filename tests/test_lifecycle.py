@@ -7,9 +7,7 @@ import sys
 import time
 
 import pytest
-
 from _support import Guard, LoopFactory, noop_coro, run, run_forever, run_once
-
 
 # -- stop() -------------------------------------------------------------------
 

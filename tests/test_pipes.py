@@ -15,7 +15,6 @@ import sys
 import tty
 
 import pytest
-
 from _support import (
     TIMEOUT,
     RecordingProtocol,

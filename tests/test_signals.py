@@ -12,9 +12,7 @@ import threading
 import time
 
 import pytest
-
 from _support import last_json_line, noop_coro, run_child, spawn_child
-
 
 # -- argument checking (no signal is delivered) ------------------------------------
 

@@ -8,7 +8,6 @@ import ssl
 import struct
 
 import pytest
-
 from _support import TIMEOUT, payload, run, unused_tcp_port
 
 MiB = 1024 * 1024

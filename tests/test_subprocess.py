@@ -19,7 +19,6 @@ import time
 import warnings
 
 import pytest
-
 from _support import (
     PY311,
     TIMEOUT,

@@ -11,11 +11,17 @@ import time
 import warnings
 
 import pytest
-
 from _support import (
-    PY311, PY312, PY313, PY314, collect_exceptions, loop_type, policy_restored, run, run_once,
+    PY311,
+    PY312,
+    PY313,
+    PY314,
+    collect_exceptions,
+    loop_type,
+    policy_restored,
+    run,
+    run_once,
 )
-
 
 # -- futures and tasks -------------------------------------------------------------
 

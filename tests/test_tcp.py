@@ -20,7 +20,6 @@ import zlib
 from asyncio import trsock
 
 import pytest
-
 from _support import (
     PY312,
     PY313,
@@ -1627,7 +1626,9 @@ def test_create_connection_local_addr(loop):
     run(loop, main())
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"happy_eyeballs_delay": 0.05}, {"happy_eyeballs_delay": 0.05, "interleave": 1}])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"happy_eyeballs_delay": 0.05}, {"happy_eyeballs_delay": 0.05, "interleave": 1}]
+)
 def test_create_connection_tries_every_address(loop, kwargs):
     """A name resolving to a refused address first, then a good one."""
     refused = unused_tcp_port()

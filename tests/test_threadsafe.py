@@ -8,7 +8,6 @@ import time
 import warnings
 
 import pytest
-
 from _support import PY311, PY312, noop_coro, run, run_forever
 
 

@@ -6,7 +6,6 @@ import sys
 import time
 
 import pytest
-
 from _support import collect_exceptions, run, run_forever, run_once
 
 CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution

@@ -15,7 +15,6 @@ import subprocess
 import sys
 
 import pytest
-
 from _support import TIMEOUT, RecordingProtocol, numbered_chunks, payload, run
 
 KiB = 1024

@@ -15,7 +15,6 @@ import tempfile
 from asyncio import selector_events, trsock
 
 import pytest
-
 from _support import (
     PY313,
     TIMEOUT,
@@ -825,7 +824,7 @@ def test_burst_of_10000_datagrams_in_order(loop):
             for start in range(0, count, batch):
                 for i in range(start, start + batch):
                     ct.sendto(make(i))
-                await wait_until(lambda: len(client.datagrams) >= start + batch, timeout=10)
+                await wait_until(lambda: len(client.datagrams) >= start + batch, timeout=10)  # noqa: B023
             assert ct.get_write_buffer_size() == 0
             assert client.errors == [] and server.errors == []
             assert len(server.datagrams) == count

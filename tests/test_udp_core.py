@@ -15,10 +15,7 @@ import sys
 import weakref
 
 import pytest
-
-from _support import (
-    TIMEOUT, DatagramRecorder, collect_exceptions, fd_count, recording_socket, run, wait_until
-)
+from _support import TIMEOUT, DatagramRecorder, collect_exceptions, fd_count, recording_socket, run, wait_until
 from test_udp import close_and_wait, needs_ipv6, next_item, plain_udp, recv_plain
 
 PY313 = sys.version_info >= (3, 13)

@@ -14,7 +14,6 @@ import socket
 import sys
 
 import pytest
-
 from _support import TIMEOUT, DatagramRecorder, collect_exceptions, fd_count, payload, recording_socket, run, wait_until
 from test_udp import (
     close_and_wait,

@@ -6,7 +6,6 @@ import os
 import socket
 
 import pytest
-
 from _support import (
     TIMEOUT,
     RecordingProtocol,

@@ -22,4 +22,5 @@ fi
 echo "== installing Python packages"
 .venv/bin/python -m pip install -q --disable-pip-version-check \
     "maturin>=1.5,<2" "pytest>=7" "pytest-codspeed>=3" uvloop rloop \
-    uvicorn httptools httpx aiohttp websockets cryptography
+    uvicorn httptools httpx aiohttp websockets cryptography \
+    ruff mypy

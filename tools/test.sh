@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the whole test suite (tests/ and the benchmark
-# bodies in benchmarks/ as plain tests) on a release build, then again on a
-# debug build (Rust debug assertions on).
+# Sets up, runs the style and static checks (tools/lint.sh), builds and runs
+# the whole test suite (tests/ and the benchmark bodies in benchmarks/ as
+# plain tests) on a release build, then again on a debug build (Rust debug
+# assertions on, and NativeCell's checks of every native state access).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
+tools/lint.sh
 for profile in release debug; do
     tools/build.sh "$profile"
     echo "== tests ($profile build)"

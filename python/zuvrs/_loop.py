@@ -15,10 +15,9 @@ import signal
 import socket
 import sys
 import threading
+import weakref
 from asyncio import coroutines, events, format_helpers
 from asyncio.log import logger
-
-import weakref
 
 from . import _zuvrs
 from ._all_errors import AllErrorsMixin

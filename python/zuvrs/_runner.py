@@ -23,7 +23,7 @@ def run(main, *, debug=None):
 
 def _run_310(main, debug, new_event_loop):
     # Python 3.10 has no asyncio.Runner: mirror its asyncio.run().
-    from asyncio import events, coroutines, tasks
+    from asyncio import coroutines, events, tasks
 
     if not coroutines.iscoroutine(main):
         raise ValueError(f"a coroutine was expected, got {main!r}")

@@ -21,6 +21,7 @@ static CONTEXT_ALIAS: AtomicPtr<ffi::PyObject> = AtomicPtr::new(ptr::null_mut())
 /// is not the interned string as `CONTEXT_ALIAS`.
 #[cold]
 unsafe fn is_context_alias(name: *mut ffi::PyObject) -> bool {
+    // SAFETY: `name` is a live str (a keyword name the interpreter passed).
     unsafe {
         if ffi::PyUnicode_CompareWithASCIIString(name, c"context".as_ptr()) != 0 {
             return false;
@@ -49,12 +50,14 @@ impl FastArgs {
         if self.kwnames.is_null() {
             0
         } else {
+            // SAFETY: kwnames is a live tuple when not null (vectorcall's contract).
             unsafe { ffi::PyTuple_GET_SIZE(self.kwnames) as usize }
         }
     }
 
     /// True if every keyword name is one of `allowed`.
     pub(super) fn keywords_within(&self, allowed: &[&str]) -> bool {
+        // SAFETY: i < the tuple's size; its items are live str objects.
         (0..self.nkw()).all(|i| unsafe {
             let name = ffi::PyTuple_GET_ITEM(self.kwnames, i as ffi::Py_ssize_t);
             let mut size: ffi::Py_ssize_t = 0;
@@ -71,6 +74,7 @@ impl FastArgs {
     /// The `context=` keyword (None when absent or None); any other keyword
     /// is a TypeError naming `method`, as for a Python function.
     pub(super) unsafe fn context(&self, py: Python<'_>, method: &str) -> PyResult<Option<*mut ffi::PyObject>> {
+        // SAFETY: vectorcall's contract: kwnames' values follow the positional arguments.
         unsafe {
             if self.kwnames.is_null() {
                 return Ok(None);
@@ -99,6 +103,7 @@ impl FastArgs {
     /// The i-th argument (positional first, then keyword values).
     #[inline]
     pub(super) unsafe fn arg(&self, i: usize) -> *mut ffi::PyObject {
+        // SAFETY: the caller passes i < nargs + nkw (this function's contract).
         unsafe { *self.args.add(i) }
     }
 }

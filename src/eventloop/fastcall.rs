@@ -36,6 +36,7 @@ unsafe fn make_core(
     first: usize,
     context: Option<*mut ffi::PyObject>,
 ) -> PyResult<(HandleCore, Option<Py<PyAny>>)> {
+    // SAFETY: the caller's contract: GIL held, `a` describes live arguments, `first` < nargs.
     unsafe {
         let ctx = match context {
             Some(c) => {
@@ -88,6 +89,7 @@ unsafe fn soon(
     a: &FastArgs,
     threadsafe: bool,
 ) -> PyResult<*mut ffi::PyObject> {
+    // SAFETY: called by the fast entry with the GIL, a live loop (`slf`) and vectorcall's arguments.
     unsafe {
         let method = if threadsafe { "call_soon_threadsafe" } else { "call_soon" };
         let obj = Borrowed::from_ptr(py, slf); // no refcount traffic on the loop
@@ -119,6 +121,7 @@ unsafe fn soon(
 }
 
 unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bool) -> PyResult<*mut ffi::PyObject> {
+    // SAFETY: as for `soon`.
     unsafe {
         let (method, what) = if relative { ("call_later", "delay") } else { ("call_at", "when") };
         let obj = Borrowed::from_ptr(py, slf);
@@ -172,6 +175,7 @@ macro_rules! fast_entry {
             nargsf: ffi::Py_ssize_t,
             kwnames: *mut ffi::PyObject,
         ) -> *mut ffi::PyObject {
+            // SAFETY: CPython calls a method descriptor with the GIL held and vectorcall's arguments.
             unsafe {
                 let py = Python::assume_attached();
                 let a = FastArgs { args, nargs: ffi::PyVectorcall_NARGS(nargsf as usize) as usize, kwnames };
@@ -227,7 +231,9 @@ pub(crate) fn install_fast_methods(py: Python<'_>) -> PyResult<()> {
         if descr.is_null() {
             return Err(PyErr::fetch(py));
         }
+        // SAFETY: a new reference, checked for NULL above.
         let descr = unsafe { Bound::from_owned_ptr(py, descr) };
+        // SAFETY: ml_name is one of the static C strings above.
         let name = unsafe { CStr::from_ptr(def.ml_name) }.to_str().expect("ascii");
         ty.setattr(name, descr)?;
     }

@@ -35,6 +35,7 @@ impl GilHandoff {
     #[inline]
     pub(crate) unsafe fn before_poll(&self) {
         if self.release_before_poll.get() {
+            // SAFETY: the caller's contract, as for release().
             unsafe { self.release() }
         }
     }
@@ -47,6 +48,7 @@ impl GilHandoff {
     #[inline]
     pub(crate) unsafe fn release(&self) {
         if self.saved.get().is_null() {
+            // SAFETY: the caller's contract: the loop thread, holding the GIL, no borrowed references.
             self.saved.set(unsafe { ffi::PyEval_SaveThread() });
         }
     }
@@ -59,6 +61,7 @@ impl GilHandoff {
     pub(crate) unsafe fn reacquire(&self) {
         let saved = self.saved.replace(ptr::null_mut());
         if !saved.is_null() {
+            // SAFETY: `saved` is this thread's state, saved by release().
             unsafe { ffi::PyEval_RestoreThread(saved) };
         }
     }

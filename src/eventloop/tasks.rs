@@ -24,6 +24,7 @@ const FAST_KEYWORDS: &[&str] = &["name"];
 
 /// Calls `BaseEventLoop.create_task(self, *args, **kwargs)` unchanged.
 unsafe fn create_task_slow(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs) -> PyResult<*mut ffi::PyObject> {
+    // SAFETY: the caller's contract, as for create_task.
     unsafe {
         let base = python::base_event_loop(py)?.getattr(pyo3::intern!(py, "create_task"))?;
         // Prepend self to the positional arguments.
@@ -47,6 +48,7 @@ pub(super) unsafe fn create_task(
     a: &FastArgs,
     _: bool,
 ) -> PyResult<*mut ffi::PyObject> {
+    // SAFETY: called by the fast entry with the GIL, a live loop (`slf`) and vectorcall's arguments.
     unsafe {
         let obj = Bound::from_borrowed_ptr(py, slf);
         let shared = obj.cast_unchecked::<LoopCore>().get().shared();
@@ -99,6 +101,7 @@ pub(super) unsafe fn create_future(
     a: &FastArgs,
     _: bool,
 ) -> PyResult<*mut ffi::PyObject> {
+    // SAFETY: as for create_task.
     unsafe {
         if a.nargs != 0 || a.nkw() != 0 {
             return Err(pyo3::exceptions::PyTypeError::new_err(

@@ -27,6 +27,7 @@ impl Args {
     /// Borrows (does not take) the `nargs` pointers at `args`.
     #[inline(always)]
     unsafe fn from_raw(args: *const *mut ffi::PyObject, nargs: usize) -> Args {
+        // SAFETY: the caller's contract: `args` points at `nargs` live object pointers.
         unsafe {
             match nargs {
                 0 => Args(0),
@@ -80,6 +81,7 @@ impl Callback {
     /// GIL held; `func` is valid and `args` points at `nargs` valid objects.
     #[inline(always)]
     pub(crate) unsafe fn new(func: *mut ffi::PyObject, args: *const *mut ffi::PyObject, nargs: usize) -> Callback {
+        // SAFETY: the caller's contract (see above).
         unsafe {
             for i in 0..nargs {
                 ffi::Py_INCREF(*args.add(i));
@@ -93,6 +95,7 @@ impl Callback {
     #[inline]
     pub(crate) fn clone_refs(&self) -> Callback {
         let args = self.args.as_slice();
+        // SAFETY: GIL held (callbacks live under it); the references are live ones of this callback.
         unsafe {
             ffi::Py_INCREF(self.func.as_ptr());
             for &a in args {
@@ -109,6 +112,7 @@ impl Callback {
 
     /// The positional arguments as a new tuple (for repr and error reports).
     pub(crate) fn args_tuple<'py>(&self, py: Python<'py>) -> Bound<'py, PyTuple> {
+        // SAFETY: the callback holds a reference to each argument.
         let items = self.args.as_slice().iter().map(|&a| unsafe { Bound::from_borrowed_ptr(py, a) });
         PyTuple::new(py, items).expect("tuple of borrowed objects")
     }
@@ -121,6 +125,7 @@ impl Callback {
     #[inline]
     pub(crate) unsafe fn call_in(&self, ctx: *mut ffi::PyObject) -> bool {
         crate::cell::check_crossing();
+        // SAFETY: the caller's contract: GIL held, `ctx` a live context not entered.
         unsafe {
             if ffi::PyContext_Enter(ctx) < 0 {
                 return false;

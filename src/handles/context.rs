@@ -46,6 +46,7 @@ const VARS_OFFSET: usize = std::mem::size_of::<ffi::PyObject>() + std::mem::size
 
 #[inline]
 unsafe fn vars_of(ctx: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    // SAFETY: `ctx` is a context object, whose layout check_layout verified.
     unsafe { *((ctx as *const u8).add(VARS_OFFSET) as *const *mut ffi::PyObject) }
 }
 
@@ -137,6 +138,7 @@ unsafe fn current_context() -> *mut ffi::PyObject {
     if off == 0 {
         return ptr::null_mut();
     }
+    // SAFETY: GIL held; the offset was found and verified by find_tstate_context_offset.
     unsafe { *((ffi::PyThreadState_Get() as *const u8).add(off) as *const *mut ffi::PyObject) }
 }
 
@@ -170,6 +172,7 @@ impl ContextCache {
     /// GIL held.
     #[inline]
     pub(crate) unsafe fn capture(&mut self) -> Snapshot {
+        // SAFETY: GIL held (this function's contract); the snapshot and the current context are live contexts.
         unsafe {
             let snap = self.snapshot;
             if !snap.is_null() && snap != self.running {
@@ -222,6 +225,7 @@ pub(crate) unsafe fn run_in(
     shared: bool,
     call: impl FnOnce(*mut ffi::PyObject) -> bool,
 ) -> bool {
+    // SAFETY: the caller's contract: GIL held, `ctx` live and not entered; `shared` only set when the layout was verified.
     unsafe {
         if !shared || ffi::Py_REFCNT(ctx) == 1 {
             return call(ctx);

@@ -39,6 +39,7 @@ impl HandleCore {
     pub(crate) unsafe fn new(cb: Callback, context: *mut ffi::PyObject, shared_context: bool, repeat: bool) -> Self {
         HandleCore {
             callback: Some(cb),
+            // SAFETY: the caller's contract: `context` is a live (non-null) context.
             context: unsafe { NonNull::new_unchecked(context) },
             shared_context,
             traced: false,
@@ -134,6 +135,7 @@ impl HandleCore {
     /// replaced by a private copy, so what the caller does with it affects
     /// this handle only.
     pub(super) fn private_context(&mut self) -> *mut ffi::PyObject {
+        // SAFETY: GIL held (`&mut self` is only reached through NativeCell::with); the context is live.
         unsafe {
             if self.shared_context && ffi::Py_REFCNT(self.context.as_ptr()) > 1 {
                 let copy = ffi::PyContext_Copy(self.context.as_ptr());

@@ -117,6 +117,7 @@ impl HandlePool {
     /// GIL held; `tp` is the pool's class and its layout is known.
     #[inline(always)]
     unsafe fn alloc_fresh(&self, py: Python<'_>, tp: *mut ffi::PyTypeObject) -> PyResult<*mut ffi::PyObject> {
+        // SAFETY: the caller's contract: GIL held, `tp` the pool's class with its layout known.
         unsafe {
             let obj = if self.own_alloc.get() {
                 let size = GC_HEAD_SIZE + (*tp).tp_basicsize as usize;
@@ -176,6 +177,7 @@ impl HandlePool {
     /// GIL held; `obj` is an object of `T` whose refcount reached zero.
     #[inline(always)]
     pub(super) unsafe fn dealloc<T>(&self, obj: *mut ffi::PyObject) {
+        // SAFETY: the caller's contract: GIL held, `obj` a dead object of `T` at the learned offset.
         unsafe {
             // Untracked before the value's destructor can run Python code
             // (a handle released while still referenced is tracked again).
@@ -195,6 +197,7 @@ impl HandlePool {
     /// GIL held; `obj` is a dead object of the pool's class (contents dropped).
     #[inline(always)]
     unsafe fn free(&self, obj: *mut std::ffi::c_void) {
+        // SAFETY: the caller's contract: GIL held, `obj` a dead object of the pool's class.
         unsafe {
             let free = &mut *self.free.get();
             if free.len() < self.cap {

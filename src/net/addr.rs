@@ -198,7 +198,7 @@ impl SockAddr {
     /// `(host, port, flowinfo, scope_id)` for IPv6, a str path or bytes
     /// abstract name for Unix. None for an empty address (an unnamed Unix
     /// sender) and for other families.
-    pub(crate) fn to_python(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+    pub(crate) fn python_form(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         if self.len == 0 {
             return Ok(py.None());
         }

@@ -93,7 +93,7 @@ pub(crate) fn numeric_addrinfo<'py>(
     if family != 0 && family != af {
         return Ok(None);
     }
-    let sockaddr = SockAddr::ip(&text, af, port, 0, 0).expect("parsed above").to_python(py)?.into_bound(py);
+    let sockaddr = SockAddr::ip(&text, af, port, 0, 0).expect("parsed above").python_form(py)?.into_bound(py);
     let family_obj = python::address_family(py, af)?.into_bound(py);
     let empty = PyString::new(py, "");
     let items = kinds
@@ -272,7 +272,7 @@ unsafe fn addrinfo_list<'py>(py: Python<'py>, mut ai: *const libc::addrinfo) -> 
                     python::socket_kind(py, a.ai_socktype)?.into_bound(py),
                     a.ai_protocol.into_pyobject(py)?.into_any(),
                     canon.into_pyobject(py)?.into_any(),
-                    sa.to_python(py)?.into_bound(py),
+                    sa.python_form(py)?.into_bound(py),
                 ],
             )?)?;
         }

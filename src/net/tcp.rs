@@ -40,7 +40,7 @@ pub(crate) fn tcp_names(py: Python<'_>, fd: i32, peername: Option<Py<PyAny>>) ->
         if rc < 0 || !matches!(sa.family(), libc::AF_INET | libc::AF_INET6) {
             return Ok(py.None());
         }
-        sa.to_python(py)
+        sa.python_form(py)
     };
     let sockname = name(false)?;
     let peername = match peername {
@@ -229,7 +229,7 @@ impl Acceptor {
                 };
             }
             accepted += 1;
-            let peer = match sa.to_python(py) {
+            let peer = match sa.python_form(py) {
                 Ok(p) => p,
                 Err(err) => {
                     // SAFETY: the fd is ours until on_conn takes it.

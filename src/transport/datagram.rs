@@ -328,7 +328,7 @@ impl DatagramCore {
         let addr = match cached {
             Some(a) => a,
             None => {
-                let a = src.to_python(py)?;
+                let a = src.python_form(py)?;
                 let old = self.state.with(py, |st| st.last_source.replace((src, a.clone_ref(py))));
                 drop(old);
                 a

@@ -42,14 +42,14 @@ class _WatchRepr:
         return "<{}>".format(" ".join(info))
 
 
-class FallbackSocketTransport(_WatchRepr, selector_events._SelectorSocketTransport):
+class FallbackSocketTransport(_WatchRepr, selector_events._SelectorSocketTransport):  # type: ignore[name-defined]
     """asyncio's socket transport, for a socket class overriding its I/O."""
 
 
-class FallbackDatagramTransport(_WatchRepr, selector_events._SelectorDatagramTransport):
+class FallbackDatagramTransport(_WatchRepr, selector_events._SelectorDatagramTransport):  # type: ignore[name-defined]
     """asyncio's datagram transport, for a socket class overriding its I/O."""
 
 
 # asyncio's pipe transports read loop._selector with getattr(): used as is.
-ReadPipeFallback = unix_events._UnixReadPipeTransport
-WritePipeFallback = unix_events._UnixWritePipeTransport
+ReadPipeFallback = unix_events._UnixReadPipeTransport  # type: ignore[attr-defined]
+WritePipeFallback = unix_events._UnixWritePipeTransport  # type: ignore[attr-defined]

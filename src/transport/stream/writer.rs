@@ -281,7 +281,7 @@ impl StreamCore {
     fn submit(&self, py: Python<'_>) -> PyResult<()> {
         let me = self as *const StreamCore;
         let failed = self.state.with(py, |st| {
-            let Some(stream) = st.stream_ptr() else { return None };
+            let stream = st.stream_ptr()?;
             let w = &mut st.writes;
             if w.writing || w.queue.is_empty() {
                 return None;

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The style and static checks tools/test.sh runs before the suite:
+# rustfmt, clippy (warnings are errors; every unsafe block documented),
+# the Rust unit tests, ruff, and mypy over the package and its stubs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=$PWD/.venv/bin/python
+# The build scripts configure pyo3 for the venv's interpreter.
+export PYO3_PYTHON=$py
+
+have_component() { cargo "$1" --version >/dev/null 2>&1 || rustup component add "$2" >/dev/null 2>&1; }
+
+echo "== cargo fmt --check"
+if have_component fmt rustfmt; then cargo fmt --check; else echo "   (rustfmt is not installed for this toolchain: skipped)"; fi
+
+echo "== cargo clippy -D warnings"
+if have_component clippy clippy; then
+    cargo clippy --quiet --release --all-targets -- -D warnings
+else
+    echo "   (clippy is not installed for this toolchain: skipped)"
+fi
+
+echo "== cargo test (unit tests of the pure logic)"
+# The test binary links the venv's libpython (the extension itself does not).
+libdir=$($py -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
+LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --quiet
+
+echo "== ruff"
+.venv/bin/ruff check python tests benchmarks
+
+echo "== mypy"
+.venv/bin/mypy
