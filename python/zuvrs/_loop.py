@@ -134,7 +134,7 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         # closes it); asyncio's own transports are left as asyncio leaves them.
         for transport in list(self._transports.values()):
             if isinstance(transport, NativeTransport):
-                transport._release()
+                transport._release_fd()
         self._free_core()
         if self.__dict__.get("call_soon") == _zuvrs.LoopCore.call_soon.__get__(self):
             # The cached bound method refers to the loop: drop the cycle.

@@ -16,7 +16,7 @@ use pyo3::Borrowed;
 
 use super::args::FastArgs;
 use super::{LoopCore, LoopShared};
-use crate::handles::{Callback, Handle, HandleCore, HasCore, Ready, TimerHandle};
+use crate::handles::{Callback, Handle, HandleState, HasState, Ready, TimerHandle};
 use crate::python;
 
 fn missing(method: &str, what: &str) -> PyErr {
@@ -27,7 +27,7 @@ fn missing(method: &str, what: &str) -> PyErr {
 /// and its context; in debug mode also where it was created (to attach once
 /// the handle exists).
 #[inline(always)]
-unsafe fn make_core(
+unsafe fn make_state(
     py: Python<'_>,
     core_obj: *mut ffi::PyObject,
     shared: &LoopShared,
@@ -35,7 +35,7 @@ unsafe fn make_core(
     a: &FastArgs,
     first: usize,
     context: Option<*mut ffi::PyObject>,
-) -> PyResult<(HandleCore, Option<Py<PyAny>>)> {
+) -> PyResult<(HandleState, Option<Py<PyAny>>)> {
     // SAFETY: the caller's contract: GIL held, `a` describes live arguments, `first` < nargs.
     unsafe {
         let ctx = match context {
@@ -59,14 +59,14 @@ unsafe fn make_core(
             }
         };
         let cb = Callback::new(a.arg(first), a.args.add(first + 1), a.nargs - first - 1);
-        let hc = HandleCore::new(cb, ctx.0, ctx.1, false);
+        let state = HandleState::new(cb, ctx.0, ctx.1, false);
         let mut traceback = None;
         if debug {
             let obj = Bound::from_borrowed_ptr(py, core_obj);
             let name = python::event_loop::_extract_source_traceback(py);
             traceback = Some(python::call_method(&obj, name, ())?.unbind());
         }
-        Ok((hc, traceback))
+        Ok((state, traceback))
     }
 }
 
@@ -105,8 +105,8 @@ unsafe fn soon(
         if debug {
             debug_checks(&obj, a.arg(0), method, !threadsafe)?;
         }
-        let (hc, traceback) = make_core(py, slf, shared, debug, a, 0, context)?;
-        let h = Handle::create(py, hc)?;
+        let (state, traceback) = make_state(py, slf, shared, debug, a, 0, context)?;
+        let h = Handle::create(py, state)?;
         if let Some(tb) = traceback {
             h.get().set_source_traceback(py, tb);
         }
@@ -154,9 +154,9 @@ unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bo
         if debug {
             debug_checks(&obj, a.arg(1), "call_at", true)?;
         }
-        let (hc, traceback) = make_core(py, slf, shared, debug, a, 1, context)?;
+        let (state, traceback) = make_state(py, slf, shared, debug, a, 1, context)?;
         let book = shared.state.with(py, |st| st.timers.book().clone());
-        let h = TimerHandle::create(py, when, hc, &book)?;
+        let h = TimerHandle::create(py, when, state, &book)?;
         if let Some(tb) = traceback {
             h.get().set_source_traceback(py, tb);
         }

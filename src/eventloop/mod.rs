@@ -37,7 +37,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::cell::NativeCell;
 use crate::errors::{closed_error, uv_error};
 use crate::handles::context::ContextCache;
-use crate::handles::{release_handle, Callback, Handle, HandleCore, HasCore, Ready};
+use crate::handles::{let_go, Callback, Handle, HandleState, HasState, Ready};
 use crate::python;
 use crate::uv::{sys, UvHandle, UvLoop};
 use clients::Clients;
@@ -271,7 +271,7 @@ impl LoopShared {
             }
             let items = (*(args.as_ptr() as *mut pyo3::ffi::PyTupleObject)).ob_item.as_ptr();
             let cb = Callback::new(callback.as_ptr(), items, args.len());
-            Handle::create(py, HandleCore::new(cb, ctx, false, true))?.unbind()
+            Handle::create(py, HandleState::new(cb, ctx, false, true))?.unbind()
         };
         let me = self as *const LoopShared;
         let result = self.state.with(py, |st| {
@@ -286,7 +286,7 @@ impl LoopShared {
             Ok(old) => {
                 if let Some(old) = old {
                     old.get().cancel_now(py);
-                    release_handle(old);
+                    let_go(old);
                 }
                 Ok(handle)
             }
@@ -302,7 +302,7 @@ impl LoopShared {
         match old {
             Some(h) => {
                 h.get().cancel_now(py);
-                release_handle(h);
+                let_go(h);
                 true
             }
             None => false,
@@ -346,11 +346,11 @@ impl LoopCore {
         });
         for r in ready {
             r.cancel(py);
-            r.release();
+            r.let_go();
         }
         for t in timers {
             t.get().cancel_now(py);
-            release_handle(t);
+            let_go(t);
         }
         if !snapshot.is_null() {
             // SAFETY: the cache owned this reference.
@@ -390,7 +390,7 @@ impl LoopCore {
         }
         for h in handlers {
             h.get().cancel_now(py);
-            release_handle(h);
+            let_go(h);
         }
         drop(due);
         drop(more);
@@ -406,14 +406,14 @@ fn report_callback_error(slf: &Bound<'_, PyAny>, item: &Ready, cb: &Callback, er
     // SAFETY: the queue item and the callback hold these objects.
     let (handle, func) =
         unsafe { (Bound::from_borrowed_ptr(py, item.as_ptr()), Bound::from_borrowed_ptr(py, cb.func())) };
-    let shown = item.with_core(py, |c| c.show_callback(cb));
+    let shown = item.with_state(py, |c| c.show_callback(cb));
     let res = python::call_method(
         slf,
         python::event_loop::_report_callback_error(py),
         (handle, err.into_value(py), func, cb.args_tuple(py)),
     );
     if shown {
-        let dropped = item.with_core(py, |c| c.finish_run());
+        let dropped = item.with_state(py, |c| c.finish_run());
         drop(dropped);
     }
     res.map(drop)
@@ -571,14 +571,14 @@ impl LoopCore {
             self.shared.state.peek(|st| {
                 for item in &st.ready {
                     // Repeating handles are reported once, through their watcher.
-                    item.peek_core(|c| if c.is_repeating() { Ok(()) } else { c.visit(&visit) })?;
+                    item.peek_state(|c| if c.is_repeating() { Ok(()) } else { c.visit(&visit) })?;
                 }
                 for t in st.timers.iter() {
-                    t.get().core_cell().peek(|c| c.visit(&visit))?;
+                    t.get().state_cell().peek(|c| c.visit(&visit))?;
                 }
                 if let Some(fds) = st.uv.as_ref().and_then(|p| p.fds.as_ref()) {
                     for h in fds.handlers() {
-                        h.get().core_cell().peek(|c| c.visit(&visit))?;
+                        h.get().state_cell().peek(|c| c.visit(&visit))?;
                     }
                 }
                 visit.call(&st.thread_id)
@@ -593,7 +593,7 @@ impl LoopCore {
         });
         for h in handlers {
             h.get().cancel_now(py);
-            release_handle(h);
+            let_go(h);
         }
         self.release_callbacks(py);
     }

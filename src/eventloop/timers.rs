@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use pyo3::prelude::*;
 
-use crate::handles::{release_handle, TimerBook, TimerHandle};
+use crate::handles::{let_go, TimerBook, TimerHandle};
 
 /// Below this many entries a heap full of cancelled timers is not worth a
 /// rebuild (the same threshold asyncio uses).
@@ -24,8 +24,8 @@ pub(crate) trait Timer {
     fn is_cancelled(&self, py: Python<'_>) -> bool;
     /// The handle leaves the heap.
     fn unschedule(&self);
-    /// The heap's reference goes (see `release_handle`).
-    fn release(self);
+    /// The heap's reference goes (see `let_go`).
+    fn let_go(self);
 }
 
 impl Timer for Py<TimerHandle> {
@@ -40,8 +40,8 @@ impl Timer for Py<TimerHandle> {
     }
 
     #[inline]
-    fn release(self) {
-        release_handle(self)
+    fn let_go(self) {
+        let_go(self)
     }
 }
 
@@ -117,7 +117,7 @@ impl<T: Timer> TimerHeap<T> {
             for e in old {
                 if e.timer.is_cancelled(py) {
                     e.timer.unschedule();
-                    e.timer.release();
+                    e.timer.let_go();
                 } else {
                     live.push(e);
                 }
@@ -132,7 +132,7 @@ impl<T: Timer> TimerHeap<T> {
             }
             let e = self.heap.pop().expect("peeked");
             e.timer.unschedule();
-            e.timer.release();
+            e.timer.let_go();
             self.count_uncancelled();
         }
         self.shrink();
@@ -206,7 +206,7 @@ mod tests {
             self.cancelled.get()
         }
         fn unschedule(&self) {}
-        fn release(self) {}
+        fn let_go(self) {}
     }
 
     fn fake(name: u32) -> (Fake, Rc<Cell<bool>>) {

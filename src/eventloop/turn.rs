@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 
 use super::{monotonic, report_callback_error, LoopCore, LoopShared};
 use crate::errors::{closed_error, is_fatal_base};
-use crate::handles::{release_handle, run_in_context, Ready};
+use crate::handles::{let_go, run_in_context, Ready};
 use crate::python;
 use crate::uv::sys;
 
@@ -166,7 +166,7 @@ fn collect_due_timers(py: Python<'_>, shared: &LoopShared, now: Option<f64>) {
         released
     });
     for h in released {
-        release_handle(h);
+        let_go(h);
     }
 }
 
@@ -242,9 +242,9 @@ fn run_ready(slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<()> {
         let Some((item, debug)) = shared.state.with(py, |st| st.ready.pop_front().map(|i| (i, st.debug))) else {
             break;
         };
-        let run = item.with_core(py, |c| c.take_for_run(debug).map(|cb| (cb, c.run_context())));
+        let run = item.with_state(py, |c| c.take_for_run(debug).map(|cb| (cb, c.run_context())));
         let Some((cb, (ctx, shared_ctx))) = run else {
-            item.release();
+            item.let_go();
             continue;
         };
         let started = debug.then(monotonic);
@@ -273,11 +273,11 @@ fn run_ready(slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<()> {
                     unsafe { (Bound::from_borrowed_ptr(py, item.as_ptr()), Bound::from_borrowed_ptr(py, cb.func())) };
                 python::call_method(slf, python::event_loop::_warn_slow_callback(py), (h, func, dt))?;
             }
-            let dropped = item.with_core(py, |c| c.finish_run());
+            let dropped = item.with_state(py, |c| c.finish_run());
             drop(dropped);
         }
         drop(cb);
-        item.release();
+        item.let_go();
     }
     Ok(())
 }

@@ -7,17 +7,17 @@
 //! (LoopCore's `__traverse__`), so a million pending callbacks cost the GC
 //! nothing. A one-shot handle drops its callback as soon as it has run; when
 //! the loop lets go of a handle that somebody else still holds, the handle
-//! is tracked again (`release_handle`) and reports its context itself.
+//! is tracked again (`let_go`) and reports its context itself.
 //!
 //! - callback.rs: the pending call (function and arguments)
-//! - core.rs: a handle's state, in a `NativeCell`
+//! - state.rs: a handle's state, in a `NativeCell`
 //! - context.rs: the contexts callbacks run in, shared while unchanged
 //! - pool.rs: where handle objects come from and go to
 
 mod callback;
 pub(crate) mod context;
-mod core;
 mod pool;
+mod state;
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -30,8 +30,8 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::cell::NativeCell;
 use crate::python;
 pub(crate) use callback::Callback;
-pub(crate) use core::HandleCore;
 use pool::{HandlePool, HANDLE_POOL_CAP, TIMER_HANDLE_POOL_CAP};
+pub(crate) use state::HandleState;
 
 /// Runs `cb` in the handle's context (see context.rs for shared snapshots).
 ///
@@ -48,7 +48,7 @@ pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shar
 /// else still holds is tracked from now on, so a cycle through its context
 /// can still be collected.
 #[inline]
-pub(crate) fn release_handle<T>(handle: Py<T>) {
+pub(crate) fn let_go<T>(handle: Py<T>) {
     let p = handle.into_ptr();
     // SAFETY: GIL held by every caller; the object is a live pyo3 instance
     // and this was our reference (a plain decref: Py's drop would first ask
@@ -62,23 +62,23 @@ pub(crate) fn release_handle<T>(handle: Py<T>) {
 }
 
 /// The state of a handle of either class.
-pub(crate) trait HasCore {
-    fn core_cell(&self) -> &NativeCell<HandleCore>;
+pub(crate) trait HasState {
+    fn state_cell(&self) -> &NativeCell<HandleState>;
 
     /// Runs `f` on the handle's state (see `NativeCell::with`).
     #[inline(always)]
-    fn with_core<R>(&self, py: Python<'_>, f: impl FnOnce(&mut HandleCore) -> R) -> R {
-        self.core_cell().with(py, f)
+    fn with_state<R>(&self, py: Python<'_>, f: impl FnOnce(&mut HandleState) -> R) -> R {
+        self.state_cell().with(py, f)
     }
 
     /// Records where the handle was created (debug mode).
     fn set_source_traceback(&self, py: Python<'_>, tb: Py<PyAny>) {
-        self.with_core(py, |c| c.set_source_traceback(tb))
+        self.with_state(py, |c| c.set_source_traceback(tb))
     }
 }
 
 /// asyncio's repr of a handle: `<Handle cancelled when=... cb(args) created at file:line>`.
-fn repr_of(py: Python<'_>, kind: &str, when: Option<f64>, cell: &NativeCell<HandleCore>) -> PyResult<String> {
+fn repr_of(py: Python<'_>, kind: &str, when: Option<f64>, cell: &NativeCell<HandleState>) -> PyResult<String> {
     // Copied out first: formatting the callback runs Python code.
     let (cancelled, traced, callback, traceback) = cell
         .with(py, |c| (c.cancelled, c.traced, c.callback.as_ref().map(Callback::clone_refs), c.source_traceback(py)));
@@ -121,7 +121,7 @@ fn repr_of(py: Python<'_>, kind: &str, when: Option<f64>, cell: &NativeCell<Hand
 }
 
 /// The handle's context for Python code (a private copy when shared).
-fn context_of(py: Python<'_>, cell: &NativeCell<HandleCore>) -> Py<PyAny> {
+fn context_of(py: Python<'_>, cell: &NativeCell<HandleState>) -> Py<PyAny> {
     let ctx = cell.with(py, |c| c.private_context());
     // SAFETY: the handle holds a reference to its context.
     unsafe { Bound::from_borrowed_ptr(py, ctx).unbind() }
@@ -144,26 +144,26 @@ unsafe extern "C" fn dealloc_timer_handle(obj: *mut ffi::PyObject) {
 /// Made through `HANDLE_POOL`.
 #[pyclass(module = "zuvrs", name = "Handle", frozen)]
 pub struct Handle {
-    core: NativeCell<HandleCore>,
+    state: NativeCell<HandleState>,
 }
 
-impl HasCore for Handle {
+impl HasState for Handle {
     #[inline]
-    fn core_cell(&self) -> &NativeCell<HandleCore> {
-        &self.core
+    fn state_cell(&self) -> &NativeCell<HandleState> {
+        &self.state
     }
 }
 
 impl Handle {
     #[inline(always)]
-    pub(crate) fn create(py: Python<'_>, core: HandleCore) -> PyResult<Bound<'_, Handle>> {
-        HANDLE_POOL.create(py, Handle { core: NativeCell::new(core) })
+    pub(crate) fn create(py: Python<'_>, state: HandleState) -> PyResult<Bound<'_, Handle>> {
+        HANDLE_POOL.create(py, Handle { state: NativeCell::new(state) })
     }
 
     /// Cancels from Rust (loop close, remove_reader).
     pub(crate) fn cancel_now(&self, py: Python<'_>) {
         // The references are dropped after the borrow ends.
-        let dropped = self.core.with(py, |c| c.cancel());
+        let dropped = self.state.with(py, |c| c.cancel());
         drop(dropped);
     }
 }
@@ -181,27 +181,27 @@ impl Handle {
     }
 
     fn cancelled(&self, py: Python<'_>) -> bool {
-        self.core.with(py, |c| c.cancelled)
+        self.state.with(py, |c| c.cancelled)
     }
 
     /// The context the callback runs in.
     fn get_context(&self, py: Python<'_>) -> Py<PyAny> {
-        context_of(py, &self.core)
+        context_of(py, &self.state)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         // SAFETY: the GC holds the GIL; visiting only reads.
-        unsafe { self.core.peek(|c| c.visit(&visit)) }
+        unsafe { self.state.peek(|c| c.visit(&visit)) }
     }
 
     /// Where the handle was created, in debug mode (else None).
     #[getter]
     fn _source_traceback(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.core.with(py, |c| c.source_traceback(py))
+        self.state.with(py, |c| c.source_traceback(py))
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        repr_of(py, "Handle", None, &self.core)
+        repr_of(py, "Handle", None, &self.state)
     }
 }
 
@@ -222,7 +222,7 @@ unsafe impl Sync for SharedBook {}
 /// Made through `TIMER_HANDLE_POOL`.
 #[pyclass(module = "zuvrs", name = "TimerHandle", frozen)]
 pub struct TimerHandle {
-    core: NativeCell<HandleCore>,
+    state: NativeCell<HandleState>,
     when: f64,
     /// True while the handle sits in the loop's timer heap.
     scheduled: Cell<bool>,
@@ -233,10 +233,10 @@ pub struct TimerHandle {
 // only touched with the GIL held.
 unsafe impl Sync for TimerHandle {}
 
-impl HasCore for TimerHandle {
+impl HasState for TimerHandle {
     #[inline]
-    fn core_cell(&self) -> &NativeCell<HandleCore> {
-        &self.core
+    fn state_cell(&self) -> &NativeCell<HandleState> {
+        &self.state
     }
 }
 
@@ -245,13 +245,13 @@ impl TimerHandle {
     pub(crate) fn create<'py>(
         py: Python<'py>,
         when: f64,
-        core: HandleCore,
+        state: HandleState,
         book: &Rc<TimerBook>,
     ) -> PyResult<Bound<'py, TimerHandle>> {
         TIMER_HANDLE_POOL.create(
             py,
             TimerHandle {
-                core: NativeCell::new(core),
+                state: NativeCell::new(state),
                 when,
                 scheduled: Cell::new(true),
                 book: SharedBook(book.clone()),
@@ -261,7 +261,7 @@ impl TimerHandle {
 
     #[inline]
     pub(crate) fn is_cancelled(&self, py: Python<'_>) -> bool {
-        self.core.with(py, |c| c.cancelled)
+        self.state.with(py, |c| c.cancelled)
     }
 
     /// Called by the heap when the handle leaves it.
@@ -271,7 +271,7 @@ impl TimerHandle {
     }
 
     pub(crate) fn cancel_now(&self, py: Python<'_>) {
-        let dropped = self.core.with(py, |c| {
+        let dropped = self.state.with(py, |c| {
             if !c.cancelled && self.scheduled.get() {
                 let n = &self.book.0.cancelled_in_heap;
                 n.set(n.get() + 1);
@@ -304,18 +304,18 @@ impl TimerHandle {
 
     /// The context the callback runs in.
     fn get_context(&self, py: Python<'_>) -> Py<PyAny> {
-        context_of(py, &self.core)
+        context_of(py, &self.state)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         // SAFETY: the GC holds the GIL; visiting only reads.
-        unsafe { self.core.peek(|c| c.visit(&visit)) }
+        unsafe { self.state.peek(|c| c.visit(&visit)) }
     }
 
     /// Where the handle was created, in debug mode (else None).
     #[getter]
     fn _source_traceback(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.core.with(py, |c| c.source_traceback(py))
+        self.state.with(py, |c| c.source_traceback(py))
     }
 
     fn __hash__(&self) -> u64 {
@@ -342,7 +342,7 @@ impl TimerHandle {
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        repr_of(py, "TimerHandle", Some(self.when), &self.core)
+        repr_of(py, "TimerHandle", Some(self.when), &self.state)
     }
 }
 
@@ -355,10 +355,10 @@ pub(crate) enum Ready {
 impl Ready {
     /// Runs `f` on the handle's state (see `NativeCell::with`).
     #[inline(always)]
-    pub(crate) fn with_core<R>(&self, py: Python<'_>, f: impl FnOnce(&mut HandleCore) -> R) -> R {
+    pub(crate) fn with_state<R>(&self, py: Python<'_>, f: impl FnOnce(&mut HandleState) -> R) -> R {
         match self {
-            Ready::Soon(h) => h.get().with_core(py, f),
-            Ready::Timer(h) => h.get().with_core(py, f),
+            Ready::Soon(h) => h.get().with_state(py, f),
+            Ready::Timer(h) => h.get().with_state(py, f),
         }
     }
 
@@ -367,12 +367,12 @@ impl Ready {
     /// # Safety
     /// GIL held; `f` only reads.
     #[inline]
-    pub(crate) unsafe fn peek_core<R>(&self, f: impl FnOnce(&HandleCore) -> R) -> R {
+    pub(crate) unsafe fn peek_state<R>(&self, f: impl FnOnce(&HandleState) -> R) -> R {
         // SAFETY: per the contract.
         unsafe {
             match self {
-                Ready::Soon(h) => h.get().core_cell().peek(f),
-                Ready::Timer(h) => h.get().core_cell().peek(f),
+                Ready::Soon(h) => h.get().state_cell().peek(f),
+                Ready::Timer(h) => h.get().state_cell().peek(f),
             }
         }
     }
@@ -392,12 +392,12 @@ impl Ready {
         }
     }
 
-    /// Lets go of the handle (see `release_handle`).
+    /// Lets go of the handle (see `let_go`).
     #[inline]
-    pub(crate) fn release(self) {
+    pub(crate) fn let_go(self) {
         match self {
-            Ready::Soon(h) => release_handle(h),
-            Ready::Timer(h) => release_handle(h),
+            Ready::Soon(h) => let_go(h),
+            Ready::Timer(h) => let_go(h),
         }
     }
 }
@@ -406,4 +406,4 @@ impl Ready {
 // object and GC headers, 32 bytes): see `callback::Args` and the memory
 // target in the README. (Debug builds add a borrow flag to the cell.)
 #[cfg(not(debug_assertions))]
-const _: () = assert!(std::mem::size_of::<NativeCell<HandleCore>>() <= 32);
+const _: () = assert!(std::mem::size_of::<NativeCell<HandleState>>() <= 32);

@@ -110,7 +110,7 @@ impl HandlePool {
     /// no collection can find anything in them. When CPython's layout allows
     /// (`own_alloc`), the object is allocated here as `PyObject_GC_New` would,
     /// PyGC_Head zeroed (untracked), but uncounted; `free` releases it the
-    /// same way. A handle that is tracked later (`release_handle`) is an
+    /// same way. A handle that is tracked later (`let_go`) is an
     /// ordinary GC object from then on, and is untracked again before it dies.
     ///
     /// # Safety

@@ -114,9 +114,9 @@ class NativeTransport:
             if protocol is not None:
                 protocol.connection_lost(exc)
         finally:
-            self._release(True)
+            self._release_fd(True)
 
-    def _release(self, finished=False):
+    def _release_fd(self, finished=False):
         """Closes the core's libuv handle and lets go of the fd (a loop
         closing with the transport open does this too); `finished`
         (connection_lost has run) lets the core forget this transport as

@@ -167,7 +167,7 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         if self._protocol_connected:
             NativeTransport._call_connection_lost(self, exc)
         else:
-            self._release(True)
+            self._release_fd(True)
 
     def _let_go_of_fd(self, core):
         self._extra.detach()

@@ -1,4 +1,4 @@
-//! `HandleCore`: the state of a handle (its pending call and its context),
+//! `HandleState`: the state of a handle (its pending call and its context),
 //! and debug mode's side table of where handles were created.
 
 use std::collections::HashMap;
@@ -13,7 +13,7 @@ use super::callback::{as_py, Callback};
 
 /// A handle's state: the pending call, and the context it runs in (kept for
 /// the handle's life, as asyncio keeps it).
-pub(crate) struct HandleCore {
+pub(crate) struct HandleState {
     /// None once a one-shot handle has run, or once cancelled.
     pub(super) callback: Option<Callback>,
     context: NonNull<ffi::PyObject>,
@@ -28,16 +28,16 @@ pub(crate) struct HandleCore {
 }
 
 // SAFETY: only touched while holding the GIL.
-unsafe impl Send for HandleCore {}
+unsafe impl Send for HandleState {}
 
-impl HandleCore {
+impl HandleState {
     /// Takes ownership of the reference to `context`.
     ///
     /// # Safety
     /// `context` is a live `contextvars.Context`.
     #[inline(always)]
     pub(crate) unsafe fn new(cb: Callback, context: *mut ffi::PyObject, shared_context: bool, repeat: bool) -> Self {
-        HandleCore {
+        HandleState {
             callback: Some(cb),
             // SAFETY: the caller's contract: `context` is a live (non-null) context.
             context: unsafe { NonNull::new_unchecked(context) },
@@ -71,7 +71,7 @@ impl HandleCore {
 
     #[inline]
     fn key(&self) -> usize {
-        self as *const HandleCore as usize
+        self as *const HandleState as usize
     }
 
     /// The call to make now: moved out for one-shot handles, shared for
@@ -158,7 +158,7 @@ impl HandleCore {
     }
 }
 
-impl Drop for HandleCore {
+impl Drop for HandleState {
     fn drop(&mut self) {
         if self.traced {
             // Taken out before the decref, which may run Python code.
