@@ -51,9 +51,8 @@ _FORMAT_TAKES_DEBUG = sys.version_info >= (3, 13)
 # attribute for every callback they schedule with a context (every task
 # step, every done callback), which makes and frees a bound method each time;
 # 3.12 calls it as a method. Up to 3.11 the loop keeps one bound method in
-# its instance dict, where that lookup finds it (benchmarks/compare.py:
-# sleep(0) tasks went from 1.13x uvloop to 1.17-1.23x, one task's sleep(0)
-# turns from 2.20x to 2.6x).
+# its instance dict, where that lookup finds it (README, "Speed", has the
+# measured effect).
 _CACHE_CALL_SOON = sys.version_info < (3, 12)
 
 # asyncio.iscoroutinefunction() is deprecated from 3.14 (DeprecationWarning
