@@ -7,11 +7,14 @@ against both.  A few tests of zuvrs-only attributes run for zuvrs alone.
 
 import asyncio
 import os
+import socket
+import subprocess
+import sys
 import threading
 import warnings
 
 import pytest
-from _support import PY312, PY314, loop_type, policy_restored, run
+from _support import PY312, PY314, child_script, loop_type, policy_restored, run
 
 # -- policy / install ---------------------------------------------------------
 
@@ -304,3 +307,92 @@ def test_zuvrs_exports():
                  "libuv_version", "__version__"):
         assert hasattr(zuvrs, name), name
     assert issubclass(zuvrs.Loop, asyncio.AbstractEventLoop)
+
+
+def test_child_closing_inherited_loop_leaves_parent_serving(loop):
+    # A server and a reader on the parent's loop; the child closes its copy
+    # of the loop (the usual reset after fork) and exits. The parent's loop
+    # must keep accepting and watching: the kernel objects are shared.
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport = transport
+
+        def data_received(self, data):
+            self.transport.write(data)
+
+    async def echo_once(port, payload):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(payload)
+        got = await r.readexactly(len(payload))
+        w.close()
+        await w.wait_closed()
+        return got
+
+    server = run(loop, loop.create_server(Echo, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    a, b = socket.socketpair()
+    seen = []
+    loop.add_reader(a.fileno(), lambda: seen.append(a.recv(10)))
+    try:
+        assert run(loop, echo_once(port, b"before")) == b"before"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, 3.12+
+            pid = os.fork()
+        if pid == 0:  # child: never return into pytest
+            try:
+                loop.close()
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert run(loop, echo_once(port, b"after")) == b"after"
+        b.send(b"ping")
+        run(loop, asyncio.wait_for(_until(lambda: seen), 5))
+        assert seen == [b"ping"]
+    finally:
+        loop.remove_reader(a.fileno())
+        a.close()
+        b.close()
+        server.close()
+        run(loop, server.wait_closed())
+
+
+async def _until(condition):
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
+def test_close_with_lookups_in_flight_leaks_nothing(loop_name):
+    # 500 lookups still on the resolver's threads when the loop closes: the
+    # loop's descriptors are freed and nothing is printed.
+    body = """
+        import os
+        def fds():
+            return len(os.listdir("/proc/self/fd"))
+        # (libuv makes process-wide descriptors with its first loop: a lock
+        # pipe for signals. A first loop makes them before the count.)
+        new_loop().close()
+        before = fds()
+        lp = new_loop()
+        for _ in range(500):
+            lp.create_task(lp.getaddrinfo("localhost", 80))
+        lp.call_soon(lp.stop)
+        lp.run_forever()
+        lp.close()
+        del lp
+        import gc, time
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while fds() > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("fds", before, fds())
+    """
+    env = dict(os.environ, UV_THREADPOOL_SIZE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", child_script(loop_name, body)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("fds")][-1]
+    _, before, after = line.split()
+    assert int(after) <= int(before), proc.stdout
+    assert "open handles" not in proc.stderr and "RuntimeError" not in proc.stderr, proc.stderr

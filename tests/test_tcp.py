@@ -1899,3 +1899,36 @@ def test_accept_emfile_logged_and_server_recovers(loop_name):
     assert len(failures) == len(result["seen"]), result
     assert result["echoed"] == result["clients"] == 8
     assert "socket.accept() out of system resource" in proc.stderr
+
+
+def test_write_of_4_gib_and_more_arrives_whole(loop):
+    # One write() larger than 32 bits can count, then close(): every byte
+    # reaches the peer (a length cut to 32 bits would deliver 1 MiB).
+    size = (1 << 32) + (1 << 20)
+
+    class Counter(asyncio.Protocol):
+        def __init__(self):
+            self.received = 0
+            self.done = loop.create_future()
+
+        def data_received(self, data):
+            self.received += len(data)
+
+        def connection_lost(self, exc):
+            self.done.set_result(exc)
+
+    async def main():
+        counter = Counter()
+        server = await loop.create_server(lambda: counter, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        data = bytes(size)
+        transport.write(data)
+        del data
+        transport.close()
+        assert await asyncio.wait_for(counter.done, 120) is None
+        server.close()
+        await server.wait_closed()
+        return counter.received
+
+    assert run(loop, main(), timeout=150) == size

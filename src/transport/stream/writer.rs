@@ -12,6 +12,7 @@
 
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
+use std::rc::Rc;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
@@ -26,39 +27,64 @@ use crate::transport::base::{Transport, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
 use crate::transport::buffer::BufferView;
 use crate::uv::{self, sys};
 
-/// Bytes waiting to be written.
-pub(super) enum Chunk {
-    /// An immutable `bytes`, referenced, from `offset` on.
-    Shared(Py<PyBytes>, usize),
-    /// A copy of a mutable buffer.
-    Owned(Vec<u8>, usize),
+/// The most libuv takes in one write (`UV__IO_MAX_BYTES`: it refuses more
+/// with EINVAL); a larger write goes out in parts.
+const MAX_WRITE: usize = 0x7fff_f000;
+
+/// The bytes a chunk holds.
+enum ChunkData {
+    /// An immutable `bytes`, referenced.
+    Shared(Py<PyBytes>),
+    /// A copy of a mutable buffer (shared by the parts of a split chunk).
+    Owned(Rc<Vec<u8>>),
+}
+
+/// Bytes waiting to be written: `data[start..end]`.
+pub(super) struct Chunk {
+    data: ChunkData,
+    start: usize,
+    end: usize,
 }
 
 impl Chunk {
     fn remaining(&self) -> &[u8] {
-        match self {
+        let all: &[u8] = match &self.data {
             // SAFETY: a bytes object's buffer is immutable and lives as long
             // as the reference this chunk holds.
-            Chunk::Shared(b, off) => unsafe {
+            ChunkData::Shared(b) => unsafe {
                 let p = b.as_ptr();
                 let data = pyo3::ffi::PyBytes_AsString(p) as *const u8;
                 let len = pyo3::ffi::PyBytes_Size(p) as usize;
-                &std::slice::from_raw_parts(data, len)[*off..]
+                std::slice::from_raw_parts(data, len)
             },
-            Chunk::Owned(v, off) => &v[*off..],
-        }
+            ChunkData::Owned(v) => v,
+        };
+        &all[self.start..self.end]
+    }
+
+    fn len(&self) -> usize {
+        self.end - self.start
     }
 
     fn advance(&mut self, n: usize) {
-        match self {
-            Chunk::Shared(_, off) | Chunk::Owned(_, off) => *off += n,
-        }
+        self.start += n;
     }
 
-    /// The libuv buffer over what is left (whatever its size: see uv::buf).
-    fn uv_buf(&self) -> sys::uv_buf_t {
+    /// The first `n` bytes as a chunk of their own; this one keeps the rest.
+    fn split_front(&mut self, py: Python<'_>, n: usize) -> Chunk {
+        let data = match &self.data {
+            ChunkData::Shared(b) => ChunkData::Shared(b.clone_ref(py)),
+            ChunkData::Owned(v) => ChunkData::Owned(v.clone()),
+        };
+        let front = Chunk { data, start: self.start, end: self.start + n };
+        self.start += n;
+        front
+    }
+
+    /// The libuv buffer over at most `limit` of what is left.
+    fn uv_buf(&self, limit: usize) -> sys::uv_buf_t {
         let b = self.remaining();
-        uv::buf(b.as_ptr(), b.len())
+        uv::buf(b.as_ptr(), b.len().min(limit))
     }
 }
 
@@ -67,14 +93,29 @@ impl Chunk {
 pub(super) fn to_chunk(data: &Bound<'_, PyAny>) -> PyResult<(Chunk, usize)> {
     if let Ok(b) = data.cast::<PyBytes>() {
         let n = b.as_bytes().len();
-        return Ok((Chunk::Shared(b.clone().unbind(), 0), n));
+        return Ok((Chunk { data: ChunkData::Shared(b.clone().unbind()), start: 0, end: n }, n));
     }
     if data.is_instance_of::<PyByteArray>() || data.is_instance_of::<PyMemoryView>() {
         let v = BufferView::get(data, false)?.as_slice().to_vec();
         let n = v.len();
-        return Ok((Chunk::Owned(v, 0), n));
+        return Ok((Chunk { data: ChunkData::Owned(Rc::new(v)), start: 0, end: n }, n));
     }
     Err(PyTypeError::new_err(format!("data argument must be a bytes-like object, not '{}'", data.get_type().name()?)))
+}
+
+/// libuv buffers over the front of `chunks`, at most MAX_WRITE bytes in all.
+fn uv_bufs<'a>(chunks: impl Iterator<Item = &'a Chunk>) -> SmallVec<[sys::uv_buf_t; 8]> {
+    let mut room = MAX_WRITE;
+    let mut bufs = SmallVec::new();
+    for c in chunks {
+        if room == 0 {
+            break;
+        }
+        let buf = c.uv_buf(room);
+        room -= buf.len;
+        bufs.push(buf);
+    }
+    bufs
 }
 
 /// One in-flight `uv_write` and the buffers it points into.
@@ -129,7 +170,7 @@ impl WriteQueue {
         self.queued_bytes -= n;
         while n > 0 {
             let front = self.queue.front_mut().expect("bytes written come from the queue");
-            let len = front.remaining().len();
+            let len = front.len();
             if n >= len {
                 n -= len;
                 self.queue.pop_front();
@@ -252,7 +293,7 @@ impl StreamCore {
                 return Ok(false);
             }
             let Some(stream) = stream else { return Ok(false) };
-            let bufs: SmallVec<[sys::uv_buf_t; 8]> = w.queue.iter().map(Chunk::uv_buf).collect();
+            let bufs = uv_bufs(w.queue.iter());
             // SAFETY: the buffers point into chunks the queue owns; libuv
             // writes at most IOV_MAX of them.
             let n = unsafe { sys::uv_try_write(stream, bufs.as_ptr(), bufs.len() as u32) };
@@ -286,15 +327,30 @@ impl StreamCore {
             if w.writing || w.queue.is_empty() {
                 return None;
             }
+            // At most MAX_WRITE bytes per request: a larger chunk is split,
+            // and the rest goes with the next request.
+            let mut chunks: SmallVec<[Chunk; 4]> = SmallVec::new();
+            let mut bytes = 0;
+            while bytes < MAX_WRITE {
+                let Some(front) = w.queue.front_mut() else { break };
+                let room = MAX_WRITE - bytes;
+                if front.len() > room {
+                    chunks.push(front.split_front(py, room));
+                    bytes += room;
+                    break;
+                }
+                bytes += front.len();
+                chunks.push(w.queue.pop_front().expect("front exists"));
+            }
             let mut req = Box::new(WriteReq {
                 // SAFETY: plain C data, initialised by uv_write below.
                 req: unsafe { MaybeUninit::zeroed().assume_init() },
-                chunks: w.queue.drain(..).collect(),
-                bytes: w.queued_bytes,
+                chunks,
+                bytes,
             });
-            w.in_flight_bytes += w.queued_bytes;
-            w.queued_bytes = 0;
-            let bufs: SmallVec<[sys::uv_buf_t; 4]> = req.chunks.iter().map(Chunk::uv_buf).collect();
+            w.in_flight_bytes += bytes;
+            w.queued_bytes -= bytes;
+            let bufs = uv_bufs(req.chunks.iter());
             req.req.data = me as *mut _;
             let raw = Box::into_raw(req);
             // SAFETY: the buffers point into chunks owned by the request,
