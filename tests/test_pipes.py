@@ -152,6 +152,40 @@ def test_read_pipe_data_then_eof(loop, fds):
     run(loop, main())
 
 
+def test_read_pipe_protocol_raising_keeps_reading(loop, fds):
+    # asyncio's read pipe calls data_received straight from its fd callback:
+    # an exception goes to the exception handler as "Exception in callback"
+    # and the pipe stays open and keeps delivering.
+    r, w = fds.pipe()
+    errors = collect_exceptions(loop)
+
+    class Raising(RecordingProtocol):
+        def data_received(self, data):
+            super().data_received(data)
+            if data == b"boom":
+                raise ZeroDivisionError("from data_received")
+
+    async def main():
+        t, p = await loop.connect_read_pipe(Raising, fds.file(r, "rb"))
+        await asyncio.wait_for(p.made, TIMEOUT)
+        os.write(w, b"boom")
+        await p.received(4)
+        await wait_until(lambda: errors)
+        os.write(w, b"more")
+        await p.received(8)
+        assert not t.is_closing()
+        fds.close(w)
+        assert await asyncio.wait_for(p.lost, TIMEOUT) is None
+
+    run(loop, main())
+    assert len(errors) == 1
+    context = errors[0][1]
+    assert context["message"].startswith("Exception in callback ")
+    assert context["message"].endswith("._read_ready()")
+    assert isinstance(context["exception"], ZeroDivisionError)
+    assert isinstance(context["handle"], asyncio.Handle)
+
+
 def test_read_pipe_close(loop, fds):
     skip_asyncio_310_read_pipe(loop)
     r, w = fds.pipe()

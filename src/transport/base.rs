@@ -186,6 +186,16 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
         }
     }
 
+    /// An exception raised by protocol code that asyncio calls straight from
+    /// an fd callback (datagrams, read pipes): `wrapper._callback_failed`
+    /// reports it as the loop reports a failing callback ("Exception in
+    /// callback ..."); the transport carries on.
+    fn callback_failed(&self, py: Python<'_>, err: PyErr, writing: bool) -> PyResult<()> {
+        let wrapper = self.wrapper(py);
+        python::call_method(wrapper.bind(py), python::transport::_callback_failed(py), (err.into_value(py), writing))?;
+        Ok(())
+    }
+
     /// Calls `protocol.pause_writing()` once `buffered` bytes are over the
     /// high-water mark (asyncio's `_maybe_pause_protocol`).
     fn pause_protocol_if_needed(&self, py: Python<'_>, buffered: usize) -> PyResult<()> {

@@ -378,18 +378,12 @@ impl DatagramCore {
     /// An exception that escaped a readiness callback: KeyboardInterrupt
     /// and SystemExit stop the loop; the rest goes to the exception handler
     /// as asyncio reports a failing fd callback.
-    fn callback_failed(&self, py: Python<'_>, err: PyErr, writing: bool) {
+    fn readiness_failed(&self, py: Python<'_>, err: PyErr, writing: bool) {
         if is_fatal_base(py, &err) {
             self.shared().raise_later(py, err);
             return;
         }
-        let wrapper = self.wrapper(py);
-        let res = python::call_method(
-            wrapper.bind(py),
-            python::transport::_callback_failed(py),
-            (err.into_value(py), writing),
-        );
-        if let Err(err) = res {
+        if let Err(err) = self.callback_failed(py, err, writing) {
             self.fail_in_callback(py, err);
         }
     }
@@ -403,17 +397,17 @@ impl DatagramCore {
         }
         if readable && self.state.with(py, |st| st.base.wants_reading()) {
             if let Err(err) = self.read_ready(py) {
-                self.callback_failed(py, err, false);
+                self.readiness_failed(py, err, false);
             }
         }
         if writable && self.state.with(py, |st| st.writer_watched) {
             if let Err(err) = self.sendto_ready(py) {
-                self.callback_failed(py, err, true);
+                self.readiness_failed(py, err, true);
             }
         }
         if error {
             if let Err(err) = self.update_poll(py) {
-                self.callback_failed(py, err, false);
+                self.readiness_failed(py, err, false);
             }
         }
     }

@@ -13,6 +13,7 @@ The core calls back into its transport by four names (src/python.rs):
 ``_call_connection_lost(exc)`` and, for datagrams, ``_callback_failed``.
 """
 
+import asyncio
 import socket
 from asyncio import futures
 from asyncio.log import logger
@@ -107,6 +108,14 @@ class NativeTransport:
 
     def _force_close(self, exc):
         self._core._force_close(exc)
+
+    def _callback_failed(self, exc, writing):
+        # Protocol code asyncio runs straight from an fd callback raised (a
+        # datagram or read pipe protocol): reported as the loop reports a
+        # failing callback, named after asyncio's callback.
+        callback = self._write_ready if writing else self._read_ready
+        handle = asyncio.Handle(callback, (), self._loop)
+        self._loop._report_callback_error(handle, exc, callback, ())
 
     def _call_connection_lost(self, exc):
         try:

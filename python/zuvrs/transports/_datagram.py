@@ -57,12 +57,7 @@ class DatagramTransport(NativeTransport, WriteFlowControl, transports._FlowContr
         """Send what is buffered (libuv calls the core directly)."""
         self._core._sendto_ready()
 
-    def _callback_failed(self, exc, writing):
-        # An exception escaped the protocol while the core handled the fd
-        # being ready: reported as asyncio reports its fd callback failing.
-        callback = self._sendto_ready if writing else self._read_ready
-        handle = asyncio.Handle(callback, (), self._loop)
-        self._loop._report_callback_error(handle, exc, callback, ())
+    _write_ready = _sendto_ready  # (the name errors are reported under)
 
     def _let_go_of_fd(self, core):
         sock, self._sock = self._sock, None

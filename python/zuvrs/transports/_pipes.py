@@ -61,6 +61,11 @@ class ReadPipeTransport(_PipeTransport, transports.ReadTransport):
         self._open(loop, pipe, protocol)
         self._start(protocol, waiter, register=False)
 
+    def _read_ready(self):
+        """The read callback, as asyncio's read pipe names it (the core reads
+        natively; an exception from data_received is reported under this
+        name)."""
+
     def _quiet_error(self, exc):
         # A pty whose other side closed reads EIO: an ordinary end.
         return isinstance(exc, OSError) and exc.errno == errno.EIO

@@ -200,6 +200,9 @@ impl StreamCore {
         match result {
             Ok(_) => Ok(()),
             Err(err) if is_fatal_base(py, &err) => Err(err),
+            // asyncio's read pipe calls the protocol straight from its fd
+            // callback: the loop reports the exception and reading goes on.
+            Err(err) if self.kind(py) == StreamKind::Pipe => self.callback_failed(py, err, false),
             Err(err) => self.fatal_error(py, err, "Fatal error: protocol.data_received() call failed."),
         }
     }
