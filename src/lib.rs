@@ -5,6 +5,7 @@ mod dns;
 mod errors;
 mod eventloop;
 mod handles;
+mod tls;
 mod transport;
 mod uv;
 
@@ -21,6 +22,7 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<transport::methods::CoreMethod>()?;
     m.add_class::<transport::tcp::Acceptor>()?;
     m.add_class::<transport::tcp::Connecting>()?;
+    m.add_class::<tls::TlsEngine>()?;
     eventloop::install_fast_methods(m.py())?;
     m.add_function(wrap_pyfunction!(libuv_version, m)?)?;
     m.add_function(wrap_pyfunction!(dns::numeric_addrinfo, m)?)?;
