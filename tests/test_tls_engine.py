@@ -568,10 +568,14 @@ def test_data_after_peer_close_notify(pki):
     assert c.engine.incoming_len() == 10
 
 
-def test_unexpected_eof_parity(pki):
+@pytest.mark.parametrize("ignore_eof", [False, True], ids=["strict", "OP_IGNORE_UNEXPECTED_EOF"])
+def test_unexpected_eof_parity(pki, ignore_eof):
     outcomes = []
     for native in ((), ("client",)):
-        c, s = pair(client_context(pki), server_context(pki), native)
+        cctx = client_context(pki)
+        if ignore_eof:
+            cctx.options |= ssl.OP_IGNORE_UNEXPECTED_EOF
+        c, s = pair(cctx, server_context(pki), native)
         handshake(c, s)
         s.write(b"partial")
         out = s.take_output()
@@ -581,7 +585,10 @@ def test_unexpected_eof_parity(pki):
             outcomes.append(("read", c.read()))
         except ssl.SSLError as e:
             outcomes.append(fields(e))
-    assert outcomes[0]["type"] == "SSLEOFError"
+    if ignore_eof:
+        assert outcomes[0] == ("read", b"")  # taken as a close
+    else:
+        assert outcomes[0]["type"] == "SSLEOFError"
     assert outcomes[0] == outcomes[1]
 
 

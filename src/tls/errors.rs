@@ -39,7 +39,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::layout::PySSLSocket;
+use super::layout::{self, PySSLSocket, Tables};
 use super::ossl::*;
 
 /// The `_SSLSocket` method whose C implementation the call replaces.
@@ -69,8 +69,7 @@ struct Classes {
     want_write: Py<PyAny>,
     syscall: Py<PyAny>,
     eof: Py<PyAny>,
-    err_codes_to_names: Py<PyDict>,
-    lib_codes_to_names: Py<PyDict>,
+    tables: &'static Tables,
 }
 
 static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
@@ -79,8 +78,11 @@ static LINES: PyOnceLock<[u32; 4]> = PyOnceLock::new();
 fn classes(py: Python<'_>) -> PyResult<&'static Classes> {
     CLASSES.get_or_try_init(py, || {
         let ssl = py.import("ssl")?;
-        let m = py.import("_ssl")?;
         let get = |n: &str| ssl.getattr(n).map(Bound::unbind);
+        let tables = layout::types(py)?
+            .tables
+            .as_ref()
+            .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("_ssl's error tables are unusable"))?;
         Ok(Classes {
             ssl_error: get("SSLError")?,
             cert_verification: get("SSLCertVerificationError")?,
@@ -89,8 +91,7 @@ fn classes(py: Python<'_>) -> PyResult<&'static Classes> {
             want_write: get("SSLWantWriteError")?,
             syscall: get("SSLSyscallError")?,
             eof: get("SSLEOFError")?,
-            err_codes_to_names: m.getattr("err_codes_to_names")?.cast_into::<PyDict>()?.unbind(),
-            lib_codes_to_names: m.getattr("lib_codes_to_names")?.cast_into::<PyDict>()?.unbind(),
+            tables,
         })
     })
 }
@@ -152,6 +153,8 @@ fn os_error(py: Python<'_>, errno: c_int) -> PyErr {
 /// # Safety
 /// `sock` is a live `_ssl._SSLSocket` whose layout was verified; GIL held.
 pub(crate) unsafe fn take_parked(py: Python<'_>, sock: *mut PySSLSocket) -> Option<PyErr> {
+    // SAFETY: the caller's contract; the field's reference moves to us and
+    // the field is cleared, as PySSL_ChainExceptions does.
     #[cfg(Py_3_12)]
     unsafe {
         let exc = (*sock).exc;
@@ -161,6 +164,7 @@ pub(crate) unsafe fn take_parked(py: Python<'_>, sock: *mut PySSLSocket) -> Opti
         (*sock).exc = std::ptr::null_mut();
         Some(PyErr::from_value(Bound::from_owned_ptr(py, exc)))
     }
+    // SAFETY: as above, for the (type, value, traceback) triple of 3.10/3.11.
     #[cfg(not(Py_3_12))]
     unsafe {
         let t = (*sock).exc_type;
@@ -335,8 +339,8 @@ fn fill(
     let mut lib_obj: Option<Bound<'_, PyAny>> = None;
     if e != 0 {
         let (lib, reason) = (err_get_lib(e), err_get_reason(e));
-        reason_obj = c.err_codes_to_names.bind(py).get_item(PyTuple::new(py, [lib, reason])?)?;
-        lib_obj = c.lib_codes_to_names.bind(py).get_item(lib)?;
+        reason_obj = c.tables.err_codes_to_names.bind(py).get_item(PyTuple::new(py, [lib, reason])?)?;
+        lib_obj = c.tables.lib_codes_to_names.bind(py).get_item(lib)?;
         if errstr.is_none() {
             // SAFETY: a lookup in OpenSSL's static tables.
             errstr = cstr(unsafe { (fns.ERR_reason_error_string)(e) }).map(Cow::Owned);

@@ -22,6 +22,18 @@
 //! typedef struct { PyObject_HEAD  BIO *bio; int eof_written; } PySSLMemoryBIO;
 //! ```
 //!
+//! `_ssl`'s module state (`Modules/_ssl.h`, the same versions) starts with
+//! five type pointers (`_SSLContext`, `_SSLSocket`, `MemoryBIO`,
+//! `SSLSession`, `Certificate`), seven exception classes (`SSLError`,
+//! `SSLCertVerificationError`, `SSLZeroReturnError`, `SSLWantReadError`,
+//! `SSLWantWriteError`, `SSLSyscallError`, `SSLEOFError`), then
+//! `err_codes_to_names`, (3.10 / 3.11 only: `err_names_to_codes`,) and
+//! `lib_codes_to_names`: the tables `_ssl` names errors from, no longer
+//! module attributes since 3.12. They are read from there once the twelve
+//! pointers before them are found equal to those objects and the state's
+//! size (`m_size`) equal to the whole struct's: 16 pointers in 3.10, 20 in
+//! 3.11 to 3.14.
+//!
 //! The engine reads `ssl` and `bio`, reads `eof_written`, and takes the
 //! exception that `_ssl`'s callbacks (msg_callback, keylog) park in
 //! `exc` for the next handshake / read / write / shutdown to raise. The
@@ -43,7 +55,7 @@ use std::mem::size_of;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyType;
+use pyo3::types::{PyDict, PyModule, PyType};
 
 use super::ossl::{Fns, BIO, SSL, SSL_CTX};
 
@@ -82,6 +94,26 @@ pub(crate) struct PySSLMemoryBIO {
     pub(crate) eof_written: c_int,
 }
 
+/// The start of `_sslmodulestate`.
+#[repr(C)]
+struct SslModuleState {
+    types: [*mut ffi::PyObject; 5],
+    errors: [*mut ffi::PyObject; 7],
+    err_codes_to_names: *mut ffi::PyObject,
+    #[cfg(not(Py_3_12))]
+    _err_names_to_codes: *mut ffi::PyObject,
+    lib_codes_to_names: *mut ffi::PyObject,
+}
+
+/// `sizeof(_sslmodulestate)`, in pointers.
+const MODULE_STATE_POINTERS: usize = if cfg!(Py_3_11) { 20 } else { 16 };
+
+/// The stdlib's error tables, as `_ssl` itself uses them.
+pub(crate) struct Tables {
+    pub(crate) err_codes_to_names: Py<PyDict>,
+    pub(crate) lib_codes_to_names: Py<PyDict>,
+}
+
 /// The `_ssl` and `ssl` objects the checks compare with, imported once.
 pub(crate) struct Types {
     pub(crate) ssl_socket: Py<PyType>,
@@ -91,6 +123,8 @@ pub(crate) struct Types {
     /// SSLObject's methods whose work the engine does instead: a subclass
     /// that overrides any of them is not driven natively.
     pub(crate) driven: Vec<(&'static str, Py<PyAny>)>,
+    /// `_ssl`'s error tables (None when unusable).
+    pub(crate) tables: Option<Tables>,
     /// Why the layouts cannot be used in this interpreter, if so.
     pub(crate) unusable: Option<String>,
 }
@@ -115,11 +149,75 @@ pub(crate) fn types(py: Python<'_>) -> PyResult<&'static Types> {
             context: get("_SSLContext")?,
             ssl_object: ssl_object.unbind(),
             driven,
+            tables: None,
             unusable: None,
         };
-        let unusable = check_interpreter(py, &t)?;
-        Ok(Types { unusable, ..t })
+        let mut unusable = check_interpreter(py, &t)?;
+        let mut tables = None;
+        if unusable.is_none() {
+            match read_tables(py, &m, &ssl)? {
+                Ok(t) => tables = Some(t),
+                Err(why) => unusable = Some(why),
+            }
+        }
+        Ok(Types { unusable, tables, ..t })
     })
+}
+
+/// Reads the error tables out of `_ssl`'s module state (see the module doc).
+fn read_tables(py: Python<'_>, m: &Bound<'_, PyModule>, ssl: &Bound<'_, PyModule>) -> PyResult<Result<Tables, String>> {
+    let mut expected = Vec::new();
+    for name in ["_SSLContext", "_SSLSocket", "MemoryBIO", "SSLSession", "Certificate"] {
+        expected.push(m.getattr(name)?);
+    }
+    for name in [
+        "SSLError",
+        "SSLCertVerificationError",
+        "SSLZeroReturnError",
+        "SSLWantReadError",
+        "SSLWantWriteError",
+        "SSLSyscallError",
+        "SSLEOFError",
+    ] {
+        expected.push(ssl.getattr(name)?);
+    }
+    // SAFETY: `m` is the live `_ssl` module; PyModule_GetDef / GetState
+    // return its definition and state (or NULL), which live as long as it.
+    let (size, state) = unsafe {
+        let def = ffi::PyModule_GetDef(m.as_ptr());
+        if def.is_null() {
+            ffi::PyErr_Clear();
+            return Ok(Err("_ssl has no module definition".into()));
+        }
+        ((*def).m_size, ffi::PyModule_GetState(m.as_ptr()) as *const SslModuleState)
+    };
+    let want = (MODULE_STATE_POINTERS * size_of::<*mut c_void>()) as ffi::Py_ssize_t;
+    if state.is_null() || size != want {
+        return Ok(Err(format!("_ssl's module state is {size} bytes, not the {want} of the verified layout")));
+    }
+    // SAFETY: the state is at least `want` bytes (its m_size), more than
+    // the prefix read here; its twelve first words are only compared.
+    let st = unsafe { &*state };
+    let prefix = st.types.iter().chain(st.errors.iter());
+    if !prefix.zip(&expected).all(|(p, o)| *p == o.as_ptr()) {
+        return Ok(Err("_ssl's module state does not start with its types and exceptions".into()));
+    }
+    // SAFETY: the prefix matched the verified layout, so these two words
+    // are the state's owned references to the tables (alive with the
+    // module, which the `ssl` module keeps); Bound takes new references.
+    let (codes, libs) = unsafe {
+        (
+            Bound::from_borrowed_ptr_or_opt(py, st.err_codes_to_names),
+            Bound::from_borrowed_ptr_or_opt(py, st.lib_codes_to_names),
+        )
+    };
+    let (Some(codes), Some(libs)) = (codes, libs) else {
+        return Ok(Err("_ssl's error tables are missing".into()));
+    };
+    match (codes.cast_into::<PyDict>(), libs.cast_into::<PyDict>()) {
+        (Ok(c), Ok(l)) => Ok(Ok(Tables { err_codes_to_names: c.unbind(), lib_codes_to_names: l.unbind() })),
+        _ => Ok(Err("_ssl's error tables are not dicts".into())),
+    }
 }
 
 /// The interpreter-wide conditions: version, and the types' sizes.

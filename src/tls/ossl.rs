@@ -20,7 +20,8 @@
 //!   `ssl.OPENSSL_VERSION_NUMBER`, and is 3.0 or newer (the error codes,
 //!   EOF semantics and memory-BIO seeking below are OpenSSL 3's);
 //! - the error codes this module hard-codes equal the ones `_ssl` was built
-//!   with (`_ssl.err_codes_to_names`, `lib_codes_to_names`, `ssl.SSL_ERROR_*`);
+//!   with (its `err_codes_to_names` / `lib_codes_to_names` tables, read from
+//!   its module state, and `ssl.SSL_ERROR_*`);
 //! - a memory BIO can be consumed by seeking (probed on a private BIO), else
 //!   output is consumed by reading it out.
 
@@ -30,7 +31,7 @@ use std::ffi::{c_char, c_int, c_long, c_ulong, c_void, CStr, CString};
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyTuple;
 
 /// Opaque OpenSSL types: only ever handled by pointer.
 pub(crate) enum SSL {}
@@ -284,9 +285,11 @@ impl From<PyErr> for Constants {
 
 /// The codes this module hard-codes, against the ones `_ssl` was built with.
 fn check_constants(py: Python<'_>) -> Result<(), Constants> {
-    let m = py.import("_ssl")?;
-    let names = m.getattr("err_codes_to_names")?;
-    let names = names.cast::<PyDict>().map_err(PyErr::from)?;
+    let types = super::layout::types(py)?;
+    let Some(tables) = &types.tables else {
+        return Err(Constants::Differ(types.unusable.clone().unwrap_or_default()));
+    };
+    let names = tables.err_codes_to_names.bind(py);
     for (reason, code) in [
         ("CERTIFICATE_VERIFY_FAILED", SSL_R_CERTIFICATE_VERIFY_FAILED),
         ("UNEXPECTED_EOF_WHILE_READING", SSL_R_UNEXPECTED_EOF_WHILE_READING),
@@ -299,9 +302,9 @@ fn check_constants(py: Python<'_>) -> Result<(), Constants> {
             )));
         }
     }
-    let libs = m.getattr("lib_codes_to_names")?;
+    let libs = tables.lib_codes_to_names.bind(py);
     for (code, name) in [(ERR_LIB_SSL, "SSL"), (ERR_LIB_SYS, "SYS")] {
-        let got: Option<String> = libs.get_item(code).ok().map(|v| v.extract()).transpose()?;
+        let got: Option<String> = libs.get_item(code)?.map(|v| v.extract()).transpose()?;
         if got.as_deref() != Some(name) {
             return Err(Constants::Differ(format!("_ssl names library {code} {got:?}, not {name}")));
         }

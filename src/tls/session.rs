@@ -93,6 +93,7 @@ pub(crate) struct TlsSession {
 // method takes `Python<'_>`), and the objects they point into are kept
 // alive by the `Py` references beside them.
 unsafe impl Send for TlsSession {}
+// SAFETY: as for Send: shared use is serialised by the GIL.
 unsafe impl Sync for TlsSession {}
 
 /// errno right now.
@@ -380,7 +381,10 @@ impl TlsSession {
     }
 
     /// The ciphertext waiting, in place (valid until the next call on the
-    /// session: any of them may append to, or move, the BIO's memory).
+    /// session: any of them may append to, or move, the BIO's memory; no
+    /// Python code may run while it is held, since `sslobj` / `outgoing`
+    /// methods could do the same). Hand it to the socket, then
+    /// `consume_output` what the socket took.
     pub(crate) fn output<'a>(&'a self, _py: Python<'a>) -> &'a [u8] {
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: BIO_get_mem_data: a pointer to the unread bytes of the
