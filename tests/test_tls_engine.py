@@ -689,6 +689,16 @@ def test_sslobject_subclasses(pki):
         if not native:
             assert "overrides SSLObject.do_handshake" in got
 
+    original = ssl.SSLObject.read
+    try:
+        ssl.SSLObject.read = lambda self, *a: original(self, *a)  # patched after first use
+        ctx = client_context(pki)
+        inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        got = Engine.open(ctx.wrap_bio(inc, out, server_hostname="localhost"), inc, out)
+        assert "overrides SSLObject.read" in got
+    finally:
+        ssl.SSLObject.read = original
+
     class WrappingContext(ssl.SSLContext):
         def wrap_bio(self, *a, **kw):
             return super().wrap_bio(*a, **kw)

@@ -14,6 +14,8 @@ use super::session::{Handshake, Opened, Read, Shutdown, TlsSession, Write};
 #[pyclass(module = "zuvrs._zuvrs", name = "_TlsEngine")]
 pub struct TlsEngine {
     session: Option<TlsSession>,
+    /// Reused by read(), so a call costs no zeroed allocation.
+    buf: Vec<u8>,
 }
 
 impl TlsEngine {
@@ -29,7 +31,7 @@ impl TlsEngine {
     #[staticmethod]
     fn open(py: Python<'_>, sslobj: &Bound<'_, PyAny>, incoming: &Bound<'_, PyAny>, outgoing: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         Ok(match TlsSession::open(py, sslobj, incoming, outgoing)? {
-            Opened::Native(s) => Py::new(py, TlsEngine { session: Some(s) })?.into_any(),
+            Opened::Native(s) => Py::new(py, TlsEngine { session: Some(s), buf: Vec::new() })?.into_any(),
             Opened::NotNative(why) => why.into_pyobject(py)?.into_any().unbind(),
         })
     }
@@ -67,12 +69,17 @@ impl TlsEngine {
     /// bytes read; None: wants the peer; b"": close_notify received.
     #[pyo3(signature = (size = 65536))]
     fn read(&mut self, py: Python<'_>, size: usize) -> PyResult<Option<Py<PyBytes>>> {
-        let mut buf = vec![0u8; size];
-        Ok(match self.s()?.read_into(py, &mut buf)? {
-            Read::Data(n) => Some(PyBytes::new(py, &buf[..n]).unbind()),
-            Read::Closed => Some(PyBytes::new(py, b"").unbind()),
-            Read::WantRead => None,
-        })
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(size, 0);
+        let got = self.s().and_then(|s| s.read_into(py, &mut buf));
+        let out = match got {
+            Ok(Read::Data(n)) => Ok(Some(PyBytes::new(py, &buf[..n]).unbind())),
+            Ok(Read::Closed) => Ok(Some(PyBytes::new(py, b"").unbind())),
+            Ok(Read::WantRead) => Ok(None),
+            Err(e) => Err(e),
+        };
+        self.buf = buf;
+        out
     }
 
     /// Into a writable buffer: the count; None: wants the peer; 0: closed.

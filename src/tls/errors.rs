@@ -55,8 +55,12 @@ pub(crate) enum Op {
 /// `SSL_get_error`'s verdict and errno, both taken right after the call.
 pub(crate) struct Failure {
     pub(crate) op: Op,
+    /// Read up to 3.12 only (3.13's PySSL_SetError dropped it).
+    #[cfg_attr(Py_3_13, allow(dead_code))]
     pub(crate) ret: c_int,
     pub(crate) ssl_error: c_int,
+    /// Read from 3.13 on only.
+    #[cfg_attr(not(Py_3_13), allow(dead_code))]
     pub(crate) errno: c_int,
 }
 
@@ -303,7 +307,6 @@ pub(crate) unsafe fn failure(
             errstr = Some("Invalid error code".into());
         }
     }
-    let _ = f.errno;
     let is_verify = ty.is(&c.cert_verification);
     let verify_code: c_long = if is_verify {
         // SAFETY: the caller's contract.

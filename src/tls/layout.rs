@@ -270,15 +270,16 @@ pub(crate) fn read_pointers(
     if let Some(why) = &t.unusable {
         return Ok(Err(why.clone()));
     }
+    // A subclass may add anything but what the engine does instead; the
+    // methods are compared with SSLObject's as first seen (which also
+    // catches them being replaced on SSLObject itself later).
     let cls = sslobj.get_type();
-    if cls.as_ptr() != t.ssl_object.as_ptr() {
-        if !cls.is_subclass(t.ssl_object.bind(py))? {
-            return Ok(Err(format!("{} is not an ssl.SSLObject", cls.name()?)));
-        }
-        for (name, base) in &t.driven {
-            if cls.getattr(*name)?.as_ptr() != base.as_ptr() {
-                return Ok(Err(format!("{} overrides SSLObject.{name}", cls.name()?)));
-            }
+    if cls.as_ptr() != t.ssl_object.as_ptr() && !cls.is_subclass(t.ssl_object.bind(py))? {
+        return Ok(Err(format!("{} is not an ssl.SSLObject", cls.name()?)));
+    }
+    for (name, base) in &t.driven {
+        if cls.getattr(*name)?.as_ptr() != base.as_ptr() {
+            return Ok(Err(format!("{} overrides SSLObject.{name}", cls.name()?)));
         }
     }
     if !is_exact(sslsock, &t.ssl_socket) {
