@@ -6,6 +6,7 @@
 //! - `handles`: scheduled callbacks, their contexts and allocation
 //! - `eventloop`: the loop, its turn, timers, fd watchers and fast methods
 //! - `net`: socket addresses, name resolution, TCP set-up
+//! - `tls`: the TLS engine (OpenSSL records on a stdlib SSLObject's `SSL *`)
 //! - `transport`: the native halves of asyncio transports
 //!
 //! and this file, the `_zuvrs` module.
@@ -16,6 +17,7 @@ mod eventloop;
 mod handles;
 mod net;
 mod python;
+mod tls;
 mod transport;
 mod uv;
 
@@ -32,6 +34,7 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<transport::methods::CoreMethod>()?;
     m.add_class::<net::tcp::Acceptor>()?;
     m.add_class::<net::tcp::Connecting>()?;
+    m.add_class::<tls::TlsEngine>()?;
     eventloop::install_fast_methods(m.py())?;
     m.add_function(wrap_pyfunction!(libuv_version, m)?)?;
     m.add_function(wrap_pyfunction!(net::dns::numeric_addrinfo, m)?)?;
