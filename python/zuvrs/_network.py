@@ -25,7 +25,9 @@ from .transports import (
     make_read_pipe_transport,
     make_socket_transport,
     make_write_pipe_transport,
+    native_stream_socket,
 )
+from .transports._tls import NATIVE_TLS, TlsTransport, open_tls
 
 _open_tcp = SocketTransport._open_tcp
 
@@ -75,6 +77,12 @@ def _encode_port(port):
     if isinstance(port, bytes):
         return port
     raise OSError("Int or String expected")
+
+
+def _ssl():
+    import ssl
+
+    return ssl
 
 
 def _require_unix_stream(sock):
@@ -150,11 +158,71 @@ class NetworkMixin:
 
     def _make_ssl_transport(self, rawsock, protocol, sslcontext, waiter=None, *, server_side=False,
                             server_hostname=None, extra=None, server=None, **timeouts):
-        ssl_protocol = sslproto.SSLProtocol(
-            self, protocol, sslcontext, waiter, server_side, server_hostname, **timeouts
+        """A TLS transport over `rawsock`: native (transports/_tls.py) when
+        the socket is served by a native core and the TLS objects allow it,
+        else asyncio's sslproto over the socket transport."""
+
+        def with_sslproto(why=None):
+            ssl_protocol = sslproto.SSLProtocol(
+                self, protocol, sslcontext, waiter, server_side, server_hostname, **timeouts
+            )
+            if socket_transport is None:
+                self._make_socket_transport(rawsock, ssl_protocol, extra=extra, server=server)
+            else:
+                socket_transport._connect(socket_transport._core, ssl_protocol, None, server)
+            return ssl_protocol._app_transport
+
+        if not native_stream_socket(rawsock):
+            socket_transport = None
+            return with_sslproto()
+        self._ensure_fd_no_transport(rawsock)
+        socket_transport = SocketTransport._unconnected(self, rawsock, extra)
+        transport = open_tls(
+            self, socket_transport, protocol, sslcontext, waiter,
+            server_side=server_side, server_hostname=server_hostname,
+            ssl_handshake_timeout=timeouts.get("ssl_handshake_timeout"),
+            ssl_shutdown_timeout=timeouts.get("ssl_shutdown_timeout"),
+            call_connection_made=True, on_fallback=with_sslproto,
         )
-        self._make_socket_transport(rawsock, ssl_protocol, extra=extra, server=server)
-        return ssl_protocol._app_transport
+        if isinstance(transport, TlsTransport):
+            socket_transport._carry_tls(transport, server)
+        return transport
+
+    async def start_tls(self, transport, protocol, sslcontext, *, server_side=False, server_hostname=None,
+                        ssl_handshake_timeout=None, ssl_shutdown_timeout=None):
+        """asyncio's start_tls; native TLS on a zuvrs socket transport (the
+        handshake starts at once, and data that arrives meanwhile waits in
+        the TLS session), asyncio's sslproto otherwise."""
+        timeouts = _ssl_timeouts(ssl_handshake_timeout, ssl_shutdown_timeout)
+        if not (NATIVE_TLS and type(transport) is SocketTransport and isinstance(sslcontext, _ssl().SSLContext)
+                and not transport.is_closing()):
+            return await super().start_tls(
+                transport, protocol, sslcontext, server_side=server_side, server_hostname=server_hostname, **timeouts
+            )
+        waiter = self.create_future()
+
+        def with_sslproto(why):
+            return None
+
+        tls = open_tls(
+            self, transport, protocol, sslcontext, waiter,
+            server_side=server_side, server_hostname=server_hostname,
+            ssl_handshake_timeout=ssl_handshake_timeout, ssl_shutdown_timeout=ssl_shutdown_timeout,
+            call_connection_made=False, on_fallback=with_sslproto,
+        )
+        if tls is None:
+            return await super().start_tls(
+                transport, protocol, sslcontext, server_side=server_side, server_hostname=server_hostname, **timeouts
+            )
+        begin = self.call_soon(tls._begin)
+        transport._core._resume_socket_reading()
+        try:
+            await waiter
+        except BaseException:
+            begin.cancel()
+            tls.close()
+            raise
+        return tls
 
     def _ensure_fd_no_transport(self, fd):
         fileno = fd

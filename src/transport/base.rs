@@ -45,6 +45,9 @@ pub(crate) struct TransportBase {
     pub(crate) low_water: usize,
     /// The protocol was told to pause writing.
     pub(crate) protocol_paused: bool,
+    /// Pause once the buffer reaches the high-water mark (asyncio's TLS
+    /// transport), not once it exceeds it (its socket transports).
+    pub(crate) pause_on_reaching_high: bool,
 }
 
 impl TransportBase {
@@ -60,6 +63,7 @@ impl TransportBase {
             high_water: DEFAULT_HIGH_WATER,
             low_water: DEFAULT_HIGH_WATER / 4,
             protocol_paused: false,
+            pause_on_reaching_high: false,
         }
     }
 
@@ -200,7 +204,8 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
     /// high-water mark (asyncio's `_maybe_pause_protocol`).
     fn pause_protocol_if_needed(&self, py: Python<'_>, buffered: usize) -> PyResult<()> {
         let protocol = self.with_base(py, |b| {
-            if b.protocol_paused || buffered <= b.high_water {
+            let below = if b.pause_on_reaching_high { buffered < b.high_water } else { buffered <= b.high_water };
+            if b.protocol_paused || below {
                 return None;
             }
             b.protocol_paused = true;

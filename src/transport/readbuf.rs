@@ -51,6 +51,19 @@ pub(crate) fn scratch(py: Python<'_>) -> PyResult<*mut u8> {
     memory(py).ok_or_else(|| pyo3::exceptions::PyMemoryError::new_err(()))
 }
 
+/// `f` on the first `n` bytes the last read put in the buffer (None when
+/// there is no buffer).
+pub(crate) fn filled<R>(n: usize, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    BUFFER.with(|cell| {
+        let slot = cell.borrow();
+        let b = slot.as_ref()?;
+        // SAFETY: a live bytes object of READ_SIZE bytes; n <= READ_SIZE.
+        let all =
+            unsafe { std::slice::from_raw_parts(pyo3::ffi::PyBytes_AsString(b.as_ptr()) as *const u8, READ_SIZE) };
+        Some(f(&all[..n.min(READ_SIZE)]))
+    })
+}
+
 /// A copy of the first `n` bytes the last read put in the buffer.
 pub(crate) fn copy<'py>(py: Python<'py>, n: usize) -> Bound<'py, PyBytes> {
     BUFFER.with(|cell| match cell.borrow().as_ref() {

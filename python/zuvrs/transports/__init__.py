@@ -5,6 +5,7 @@
 - ``_stream``: TCP and Unix stream sockets
 - ``_pipes``: pipe transports on pipes, FIFOs and sockets
 - ``_datagram``: UDP and Unix datagram sockets
+- ``_tls``: TLS transports whose records the socket's core does natively
 - ``_fallback``: the stdlib's own transports, for what a core cannot serve
 """
 
@@ -23,6 +24,7 @@ __all__ = (
     "SocketTransport",
     "DatagramTransport",
     "make_socket_transport",
+    "native_stream_socket",
     "make_datagram_transport",
     "make_read_pipe_transport",
     "make_write_pipe_transport",
@@ -35,8 +37,13 @@ _DATAGRAM_IO = ("send", "sendto", "recvfrom")
 _DATAGRAM_FAMILIES = (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX)
 
 
+def native_stream_socket(sock):
+    """Whether a stream socket gets a native core (see _fallback.py)."""
+    return plain_socket_io(sock, _STREAM_IO)
+
+
 def make_socket_transport(loop, sock, protocol, waiter=None, extra=None, server=None):
-    cls = SocketTransport if plain_socket_io(sock, _STREAM_IO) else FallbackSocketTransport
+    cls = SocketTransport if native_stream_socket(sock) else FallbackSocketTransport
     return cls(loop, sock, protocol, waiter, extra, server)
 
 

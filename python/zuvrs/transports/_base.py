@@ -76,17 +76,22 @@ class NativeTransport:
     close = CoreMethod("close")
     is_closing = CoreMethod("is_closing")
 
-    def _start(self, protocol, waiter, then=None, register=True):
-        """Schedules connection_made, then `then` (by default: start
-        reading) and the waiter, as asyncio does; `register` puts the
-        transport in the loop's registry of transports by fd (asyncio's
-        ``_transports``: socket transports, not pipes)."""
+    def _start(self, protocol, waiter, then=None, read=True, register=True):
+        """Schedules, as asyncio does, the protocol's connection_made (if a
+        protocol is given), then `then`, the start of reading (unless not
+        `read`) and the waiter; `register` puts the transport in the loop's
+        registry of transports by fd (asyncio's ``_transports``: socket
+        transports, not pipes)."""
         loop = self._loop
         if register:
             loop._transports[self._fd] = self
-        loop.call_soon(protocol.connection_made, self)
-        # Reading starts only once connection_made() has run.
-        loop.call_soon(then or self._core.start_reading)
+        if protocol is not None:
+            loop.call_soon(protocol.connection_made, self)
+        if then is not None:
+            loop.call_soon(then)
+        if read:
+            # Reading starts only once connection_made() has run.
+            loop.call_soon(self._core.start_reading)
         if waiter is not None:
             loop.call_soon(futures._set_result_unless_cancelled, waiter, None)
 

@@ -83,7 +83,7 @@ class WritePipeTransport(_PipeTransport, WriteFlowControl, transports._FlowContr
         # The write end turns readable (EOF or error) when the reader goes
         # away: that is how a closed peer is noticed with nothing to write.
         self._watching_peer = False
-        self._start(protocol, waiter, then=self._watch_peer, register=False)
+        self._start(protocol, waiter, then=self._watch_peer, read=False, register=False)
 
     def _watch_peer(self):
         if self._pipe is not None and not self._core.is_closing():

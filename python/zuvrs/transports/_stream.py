@@ -98,15 +98,36 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
     abort = CoreMethod("abort")
 
     def __init__(self, loop, sock, protocol, waiter=None, extra=None, server=None):
+        self._open_socket(loop, sock, extra)
+        self._connect(self._core, protocol, waiter, server)
+
+    def _open_socket(self, loop, sock, extra):
         self._extra = _Extra(extra or {})
         self._extra.sock = sock
         self._extra["socket"] = trsock.TransportSocket(sock)
         socket_extra(self._extra, sock)
         self._loop = loop
         self._fd = self._sock_fd = sock.fileno()
+        self._server = None
         # The core sets TCP_NODELAY on TCP sockets, as asyncio does.
-        core = _open_core(loop, self._fd, self, sock.family == socket.AF_UNIX)
-        self._connect(core, protocol, waiter, server)
+        self._core = _open_core(loop, self._fd, self, sock.family == socket.AF_UNIX)
+
+    @classmethod
+    def _unconnected(cls, loop, sock, extra=None):
+        """A transport over `sock` with no protocol yet (TLS decides what it
+        carries: transports/_tls.py)."""
+        self = cls.__new__(cls)
+        self._open_socket(loop, sock, extra)
+        return self
+
+    def _carry_tls(self, tls, server):
+        """The socket carries the native TLS transport `tls`: registered and
+        attached as a connection, started once the handshake can begin."""
+        self._server = server
+        self._protocol_connected = True
+        if server is not None:
+            _attach_to(server, self)
+        self._start(None, None, then=tls._begin)
 
     @classmethod
     def _open_tcp(cls, loop, fd, family, proto, protocol, waiter=None, peername=None, server=None):

@@ -5,6 +5,8 @@
 //! - reader.rs: where reads go (`Reader`: plain or buffered protocol) and
 //!   what EOF and errors do
 //! - writer.rs: the write queue, batched per loop turn, and flow control
+//! - tls.rs: the TLS reader (records done natively; asyncio's sslproto
+//!   semantics) and its writes
 //!
 //! Life of the handle: `open` allocates it and keeps a strong reference to
 //! the core in the handle's box, so the core lives while libuv may call
@@ -12,6 +14,7 @@
 //! calls `uv_close`, whose callback frees the box and that reference.
 
 mod reader;
+mod tls;
 mod writer;
 
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError};
@@ -125,6 +128,9 @@ impl LoopClient for StreamCore {
             }
             err.write_unraisable(py, None);
         }
+        if self.is_tls(py) {
+            self.tls_before_poll(py)?;
+        }
         self.flush(py)
     }
 
@@ -138,8 +144,48 @@ impl StreamCore {
         self.state.with(py, |st| st.kind)
     }
 
+    /// What write flow control counts: the queue and what is in flight;
+    /// for TLS also the plaintext not yet encrypted.
     fn buffer_size(&self, py: Python<'_>) -> usize {
-        self.state.with(py, |st| st.writes.size())
+        self.state.with(py, |st| {
+            let backlog = match &st.reader {
+                Reader::Tls(t) => t.backlog_bytes(),
+                _ => 0,
+            };
+            st.writes.size() + backlog
+        })
+    }
+
+    fn socket_pause_reading(&self, py: Python<'_>) {
+        let pause = self.state.with(py, |st| {
+            let pause = !st.base.closing && !st.base.paused;
+            st.base.paused |= pause;
+            pause
+        });
+        if pause {
+            self.stop_read(py);
+        }
+    }
+
+    fn socket_resume_reading(&self, py: Python<'_>) -> PyResult<()> {
+        let resume = self.state.with(py, |st| {
+            let resume = !st.base.closing && st.base.paused;
+            st.base.paused &= !resume;
+            resume
+        });
+        if resume {
+            self.start_read(py).map_err(uv_error)?;
+        }
+        Ok(())
+    }
+
+    /// Drops what the kernel will not take at once (data written this turn
+    /// is offered to it first, as asyncio's write() would have) and closes.
+    fn socket_abort(&self, py: Python<'_>) -> PyResult<()> {
+        if self.state.with(py, |st| st.base.conn_lost == 0 && !st.writes.writing() && st.writes.has_queued()) {
+            self.flush(py)?;
+        }
+        self.force_close(py, None)
     }
 
     fn msg_read_error(&self, py: Python<'_>) -> &'static str {
@@ -300,43 +346,52 @@ impl StreamCore {
         self.start_read(py).map_err(uv_error)
     }
 
+    /// Pauses reading (for TLS: decrypting; the socket goes on reading).
     fn pause_reading(&self, py: Python<'_>) {
-        let pause = self.state.with(py, |st| {
-            let pause = !st.base.closing && !st.base.paused;
-            st.base.paused |= pause;
-            pause
-        });
-        if pause {
-            self.stop_read(py);
+        if self.is_tls(py) {
+            self.tls_pause_reading(py)
+        } else {
+            self.socket_pause_reading(py)
         }
     }
 
     fn resume_reading(&self, py: Python<'_>) -> PyResult<()> {
-        let resume = self.state.with(py, |st| {
-            let resume = !st.base.closing && st.base.paused;
-            st.base.paused &= !resume;
-            resume
-        });
-        if resume {
-            self.start_read(py).map_err(uv_error)?;
+        if self.is_tls(py) {
+            self.tls_resume_reading(py);
+            Ok(())
+        } else {
+            self.socket_resume_reading(py)
         }
-        Ok(())
     }
 
     fn is_reading(&self, py: Python<'_>) -> bool {
+        if self.is_tls(py) {
+            return self.tls_is_reading(py);
+        }
         self.state.with(py, |st| !st.base.paused && !st.base.closing)
     }
 
     fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        if self.is_tls(py) {
+            return self.tls_write(py, data);
+        }
         self.write_data(py, data)
     }
 
     /// Writes every item, or nothing if one of them is not bytes-like.
     fn writelines(&self, py: Python<'_>, list_of_data: &Bound<'_, PyAny>) -> PyResult<()> {
+        if self.is_tls(py) {
+            return self.tls_writelines(py, list_of_data);
+        }
         self.write_lines(py, list_of_data)
     }
 
-    fn write_eof(&self, py: Python<'_>) {
+    /// Sends EOF once the buffer is out (TLS has no half-close:
+    /// NotImplementedError, as asyncio's TLS transport).
+    fn write_eof(&self, py: Python<'_>) -> PyResult<()> {
+        if self.is_tls(py) {
+            return Err(self.tls_write_eof());
+        }
         let send = self.state.with(py, |st| {
             let send = !st.base.closing && !st.eof;
             st.eof |= send;
@@ -345,23 +400,32 @@ impl StreamCore {
         if send {
             self.maybe_shutdown(py);
         }
+        Ok(())
     }
 
-    fn can_write_eof(&self) -> bool {
-        true
+    fn can_write_eof(&self, py: Python<'_>) -> bool {
+        !self.is_tls(py)
     }
 
+    /// Closes once the buffer is out (for TLS: the TLS shutdown first).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.is_tls(py) {
+            return self.tls_close(py);
+        }
         self.close_transport(py)
     }
 
-    /// Drops what the kernel will not take at once (data written this turn
-    /// is offered to it first, as asyncio's write() would have) and closes.
+    /// Closes at once, dropping what the kernel will not take now.
     fn abort(&self, py: Python<'_>) -> PyResult<()> {
-        if self.state.with(py, |st| st.base.conn_lost == 0 && !st.writes.writing() && st.writes.has_queued()) {
-            self.flush(py)?;
+        if self.is_tls(py) {
+            return self.tls_app_abort(py);
         }
-        self.force_close(py, None)
+        self.socket_abort(py)
+    }
+
+    /// Closes the socket once its queue is out (the end of a TLS shutdown).
+    fn _close_socket(&self, py: Python<'_>) -> PyResult<()> {
+        self.close_transport(py)
     }
 
     /// asyncio's `_force_close(exc)`.
@@ -370,7 +434,11 @@ impl StreamCore {
     }
 
     fn is_closing(&self, py: Python<'_>) -> bool {
-        self.state.with(py, |st| st.base.closing)
+        self.state.with(py, |st| match &st.reader {
+            // 3.14's TLS transport is also closing when its socket is.
+            Reader::Tls(t) => t.app_closed || (cfg!(Py_3_14) && st.base.closing),
+            _ => st.base.closing,
+        })
     }
 
     /// Frees the libuv handle and fd (after connection_lost ran).
@@ -419,10 +487,86 @@ impl StreamCore {
     /// Sets the protocol; `buffered` when it is an asyncio.BufferedProtocol.
     fn set_protocol(&self, py: Python<'_>, protocol: Py<PyAny>, buffered: bool) {
         let old = self.state.with(py, |st| {
-            st.reader = Reader::for_protocol(buffered);
+            match &mut st.reader {
+                Reader::Tls(_) => {}
+                reader => *reader = Reader::for_protocol(buffered),
+            }
             st.base.protocol.replace(protocol)
         });
         drop(old);
+        self.tls_set_app_buffered(py, buffered);
+    }
+
+    /// Switches the transport to TLS with the application `protocol`, on
+    /// `sslobj` (from `context.wrap_bio(incoming, outgoing, ...)`): None, or
+    /// why the connection cannot be native (then nothing changed). The
+    /// handshake starts with `_tls_start_handshake()`.
+    #[pyo3(signature = (sslobj, incoming, outgoing, protocol, buffered, call_connection_made=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn _start_tls(
+        &self,
+        py: Python<'_>,
+        sslobj: &Bound<'_, PyAny>,
+        incoming: &Bound<'_, PyAny>,
+        outgoing: &Bound<'_, PyAny>,
+        protocol: Py<PyAny>,
+        buffered: bool,
+        call_connection_made: bool,
+    ) -> PyResult<Option<String>> {
+        if self.kind(py) != StreamKind::Socket || self.is_tls(py) {
+            return Ok(Some("not a plain socket transport".into()));
+        }
+        self.begin_tls(py, sslobj, incoming, outgoing, protocol, buffered, call_connection_made)
+    }
+
+    fn _tls_start_handshake(&self, py: Python<'_>) -> PyResult<()> {
+        self.tls_start_handshake(py)
+    }
+
+    /// The socket's connection_lost has run: whether the application's
+    /// connection_lost is due (asyncio's rules); the TLS state ends.
+    fn _tls_connection_lost(&self, py: Python<'_>) -> bool {
+        self.tls_connection_lost(py)
+    }
+
+    /// Whether the handshake is still going (its timeout fired).
+    fn _tls_handshaking(&self, py: Python<'_>) -> bool {
+        self.tls_handshaking(py)
+    }
+
+    /// Whether the shutdown is still going (its timeout fired).
+    fn _tls_shutting_down(&self, py: Python<'_>) -> bool {
+        self.tls_shutting_down(py)
+    }
+
+    /// Makes `wrapper` the Python transport this core calls back (a TLS
+    /// transport takes over from the socket transport it started on).
+    fn _set_wrapper(&self, py: Python<'_>, wrapper: Py<PyAny>) {
+        let old = self.state.with(py, |st| std::mem::replace(&mut st.base.wrapper, wrapper));
+        drop(old);
+    }
+
+    /// Resumes the socket's reading (start_tls: a paused transport's
+    /// handshake needs the peer's bytes).
+    fn _resume_socket_reading(&self, py: Python<'_>) -> PyResult<()> {
+        self.socket_resume_reading(py)
+    }
+
+    fn _tls_set_read_limits(&self, py: Python<'_>, high: usize, low: usize) -> PyResult<()> {
+        self.tls_set_read_limits(py, high, low)
+    }
+
+    fn _tls_read_limits(&self, py: Python<'_>) -> (usize, usize) {
+        self.tls_read_limits(py)
+    }
+
+    fn _tls_read_buffer_size(&self, py: Python<'_>) -> usize {
+        self.tls_read_buffer_size(py)
+    }
+
+    /// asyncio's name of the TLS state (None for a plain transport).
+    fn _tls_state(&self, py: Python<'_>) -> Option<&'static str> {
+        self.tls_state_name(py)
     }
 
     fn get_protocol(&self, py: Python<'_>) -> Option<Py<PyAny>> {

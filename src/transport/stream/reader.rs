@@ -28,6 +28,9 @@ pub(super) enum Reader {
     /// `get_buffer()` (`view`, while a read is pending), then
     /// `buffer_updated(n)`; `error` is why get_buffer() failed.
     Buffered { view: Option<BufferView>, error: Option<PyErr> },
+    /// A TLS connection (tls.rs): the socket's reads feed the session, and
+    /// the application protocol (plain or buffered) gets what it decrypts.
+    Tls(Box<super::tls::Tls>),
 }
 
 impl Reader {
@@ -75,7 +78,7 @@ impl StreamCore {
     fn read_target(&self, py: Python<'_>) -> sys::uv_buf_t {
         let protocol = self.state.with(py, |st| match st.reader {
             Reader::Buffered { .. } => st.base.protocol.as_ref().map(|p| p.clone_ref(py)),
-            Reader::Plain => None,
+            Reader::Plain | Reader::Tls(_) => None,
         });
         if let Some(protocol) = protocol {
             let view = python::call_method(protocol.bind(py), python::protocol::get_buffer(py), (-1,))
@@ -114,10 +117,17 @@ impl StreamCore {
     }
 
     fn on_read(&self, py: Python<'_>, nread: isize) {
-        let (view, get_buffer_error) = self.state.with(py, |st| match &mut st.reader {
-            Reader::Buffered { view, error } => (view.take(), error.take()),
-            Reader::Plain => (None, None),
+        let (view, get_buffer_error, tls) = self.state.with(py, |st| match &mut st.reader {
+            Reader::Buffered { view, error } => (view.take(), error.take(), false),
+            Reader::Plain => (None, None, false),
+            Reader::Tls(_) => (None, None, true),
         });
+        if tls && nread > 0 {
+            if let Err(err) = self.tls_received(py, nread as usize) {
+                self.fail_in_callback(py, err);
+            }
+            return;
+        }
         if let Some(err) = get_buffer_error {
             self.stop_read(py);
             let res = if is_fatal_base(py, &err) {
@@ -221,6 +231,17 @@ impl StreamCore {
         self.stop_read(py);
         if self.kind(py) == StreamKind::Pipe {
             return self.pipe_eof(py);
+        }
+        if self.is_tls(py) {
+            return match self.tls_socket_eof(py) {
+                Ok(true) => Ok(()),
+                Ok(false) => self.close_transport(py),
+                Err(err) if is_fatal_base(py, &err) => Err(err),
+                Err(err) => {
+                    self.close_transport(py)?;
+                    self.fatal_error(py, err, "Fatal error: protocol.eof_received() call failed.")
+                }
+            };
         }
         let Some(protocol) = self.protocol(py) else { return Ok(()) };
         match python::call_method(protocol.bind(py), python::protocol::eof_received(py), ()) {

@@ -47,7 +47,13 @@ pub(super) struct Chunk {
 }
 
 impl Chunk {
-    fn remaining(&self) -> &[u8] {
+    /// A chunk holding `data` (ciphertext the TLS session produced).
+    pub(super) fn owned(data: Vec<u8>) -> Chunk {
+        let end = data.len();
+        Chunk { data: ChunkData::Owned(Rc::new(data)), start: 0, end }
+    }
+
+    pub(super) fn remaining(&self) -> &[u8] {
         let all: &[u8] = match &self.data {
             // SAFETY: a bytes object's buffer is immutable and lives as long
             // as the reference this chunk holds.
@@ -66,7 +72,7 @@ impl Chunk {
         self.end - self.start
     }
 
-    fn advance(&mut self, n: usize) {
+    pub(super) fn advance(&mut self, n: usize) {
         self.start += n;
     }
 
@@ -229,7 +235,7 @@ impl StreamCore {
                 python::call_method(python::logger(py)?, pyo3::intern!(py, "warning"), (message,))?;
                 Ok(())
             }
-            Some(WriteAction::Queue) => self.enqueue(py, chunk, len),
+            Some(WriteAction::Queue) => self.enqueue_raw(py, chunk, len),
         }
     }
 
@@ -250,7 +256,7 @@ impl StreamCore {
 
     /// Queues `chunk`; unless a write is in flight (its completion sends the
     /// queue), the transport asks to be flushed before the next poll.
-    fn enqueue(&self, py: Python<'_>, chunk: Chunk, len: usize) -> PyResult<()> {
+    pub(super) fn enqueue_raw(&self, py: Python<'_>, chunk: Chunk, len: usize) -> PyResult<()> {
         let running = self.shared().is_running(py);
         let (flush_now, ask, me) = self.state.with(py, |st| {
             let w = &mut st.writes;

@@ -1,0 +1,272 @@
+"""TLS transports: the application's side of a TLS connection whose
+records a socket transport's native core does (src/transport/stream/tls.rs),
+on the user's own ``ssl.SSLContext``.
+
+The stdlib makes the connection's objects (``context.wrap_bio(...)`` with
+two ``ssl.MemoryBIO``), so verification, ``check_hostname``, SNI callbacks,
+ALPN, sessions and ``get_extra_info('ssl_object')`` are the stdlib's own;
+the core drives the ``SSL *`` behind them with no Python call per record.
+The semantics are those of asyncio's ``sslproto`` (3.11+); this module does
+what it does once per connection: choosing this path, the handshake's and
+the shutdown's timeouts, the extra info, ``connection_made`` and
+``connection_lost`` of the application protocol, and the waiter.
+
+Where the core cannot prove it drives the very OpenSSL the ``ssl`` module
+uses, or cannot handle the objects (another layout, an SSLObject subclass
+that overrides what the core replaces), and on Python 3.10 (whose sslproto
+is the older design), the connection goes to asyncio's ``sslproto`` over
+the socket transport instead, as before. ``_tls_path`` on the transport
+says which path it took ("native", or "sslproto: <why>"), and asyncio's
+logger says it at debug level.
+"""
+
+import ssl
+import sys
+from asyncio import constants, exceptions, futures, protocols, sslproto, transports
+from asyncio.log import logger
+
+from ._base import CoreMethod, report_error
+
+__all__ = ("TlsTransport", "open_tls", "NATIVE_TLS")
+
+# asyncio's sslproto was rewritten in 3.11 (after uvloop's): that is the
+# state machine the core mirrors. 3.10 keeps its own sslproto.
+NATIVE_TLS = sys.version_info >= (3, 11)
+
+_HIGH_WATER_WRITE_KIB = 512
+_HIGH_WATER_READ_KIB = 256
+
+
+def _check_timeouts(handshake, shutdown):
+    """sslproto's defaults and checks of the two timeouts."""
+    if handshake is None:
+        handshake = constants.SSL_HANDSHAKE_TIMEOUT
+    elif handshake <= 0:
+        raise ValueError(f"ssl_handshake_timeout should be a positive number, got {handshake}")
+    if shutdown is None:
+        shutdown = constants.SSL_SHUTDOWN_TIMEOUT
+    elif shutdown <= 0:
+        raise ValueError(f"ssl_shutdown_timeout should be a positive number, got {shutdown}")
+    return handshake, shutdown
+
+
+def _limits(high, low, kib):
+    """sslproto's ``add_flowcontrol_defaults`` (its errors included)."""
+    return sslproto.add_flowcontrol_defaults(high, low, kib)
+
+
+def open_tls(loop, socket_transport, protocol, sslcontext, waiter, *, server_side, server_hostname,
+             ssl_handshake_timeout, ssl_shutdown_timeout, call_connection_made, on_fallback):
+    """TLS on `socket_transport` (a zuvrs SocketTransport not yet started,
+    or one in use, for start_tls) for the application `protocol`.
+
+    Returns the native TLS transport, or calls ``on_fallback(why)`` (which
+    sets up asyncio's sslproto) and returns what it returns.
+    """
+    handshake_timeout, shutdown_timeout = _check_timeouts(ssl_handshake_timeout, ssl_shutdown_timeout)
+    if not sslcontext:
+        sslcontext = sslproto._create_transport_context(server_side, server_hostname)
+    hostname = server_hostname if server_hostname and not server_side else None
+    if not NATIVE_TLS:
+        return on_fallback("asyncio's sslproto before 3.11")
+    incoming = ssl.MemoryBIO()
+    outgoing = ssl.MemoryBIO()
+    sslobj = sslcontext.wrap_bio(incoming, outgoing, server_side=server_side, server_hostname=hostname)
+    buffered = isinstance(protocol, protocols.BufferedProtocol)
+    core = socket_transport._core
+    why = core._start_tls(sslobj, incoming, outgoing, protocol, buffered, call_connection_made)
+    if why is not None:
+        if loop.get_debug():
+            logger.debug("%r: TLS through asyncio's sslproto: %s", socket_transport, why)
+        transport = on_fallback(why)
+        transport._tls_path = f"sslproto: {why}"
+        return transport
+    tls = TlsTransport(loop, socket_transport, sslcontext, sslobj, waiter, handshake_timeout, shutdown_timeout)
+    core._set_wrapper(tls)
+    if loop.get_debug():
+        logger.debug("%r: native TLS", tls)
+    return tls
+
+
+class TlsTransport(transports._FlowControlMixin, transports.Transport):
+    """The application's transport of a native TLS connection.
+
+    Its methods are the socket core's, which dispatches them to its TLS
+    reader (write encrypts, close sends close_notify, pause_reading stops
+    decrypting, ...). `_socket` is the socket transport underneath: the
+    extra info TLS does not add comes from it, and it lets go of the fd.
+    """
+
+    _start_tls_compatible = True
+    _sendfile_compatible = constants._SendfileMode.FALLBACK
+    _tls_path = "native"
+
+    write = CoreMethod("write")
+    writelines = CoreMethod("writelines")
+    write_eof = CoreMethod("write_eof")  # NotImplementedError, as asyncio's
+    close = CoreMethod("close")
+    abort = CoreMethod("abort")
+    is_closing = CoreMethod("is_closing")
+    pause_reading = CoreMethod("pause_reading")
+    resume_reading = CoreMethod("resume_reading")
+    is_reading = CoreMethod("is_reading")
+    get_write_buffer_size = CoreMethod("get_write_buffer_size")
+
+    def __init__(self, loop, socket_transport, sslcontext, sslobj, waiter, handshake_timeout, shutdown_timeout):
+        # The flow control is the core's: skip _FlowControlMixin.__init__.
+        self._loop = loop
+        self._socket = socket_transport
+        self._core = socket_transport._core
+        self._sslobj = sslobj
+        self._extra = {"sslcontext": sslcontext}
+        self._waiter = waiter
+        self._handshake_timeout = handshake_timeout
+        self._shutdown_timeout = shutdown_timeout
+        self._handshake_timer = None
+        self._shutdown_timer = None
+        self._handshake_start = None
+
+    def __repr__(self):
+        state = self._core._tls_state() or "UNWRAPPED"
+        return f"<{type(self).__name__} fd={self._socket._sock_fd} {state}>"
+
+    # -- the application's API ------------------------------------------------------
+
+    def get_extra_info(self, name, default=None):
+        if name in self._extra:
+            return self._extra[name]
+        return self._socket.get_extra_info(name, default)
+
+    def set_protocol(self, protocol):
+        self._core.set_protocol(protocol, isinstance(protocol, protocols.BufferedProtocol))
+
+    def get_protocol(self):
+        return self._core.get_protocol()
+
+    def can_write_eof(self):
+        return False
+
+    @property
+    def _protocol_paused(self):
+        return self._core._protocol_paused()
+
+    def get_write_buffer_limits(self):
+        return self._core.get_write_buffer_limits()
+
+    def set_write_buffer_limits(self, high=None, low=None):
+        high, low = _limits(high, low, _HIGH_WATER_WRITE_KIB)
+        self._core._set_water_marks(high, low)
+
+    def set_read_buffer_limits(self, high=None, low=None):
+        high, low = _limits(high, low, _HIGH_WATER_READ_KIB)
+        self._core._tls_set_read_limits(high, low)
+
+    def get_read_buffer_limits(self):
+        return self._core._tls_read_limits()
+
+    def get_read_buffer_size(self):
+        return self._core._tls_read_buffer_size()
+
+    def _force_close(self, exc):
+        self._core._force_close(exc)
+
+    # -- once per connection, called by the core ---------------------------------------
+
+    def _begin(self):
+        """sslproto's connection_made: the handshake starts, and its timeout."""
+        loop = self._loop
+        if loop.get_debug():
+            logger.debug("%r starts SSL handshake", self)
+            self._handshake_start = loop.time()
+        self._handshake_timer = loop.call_later(self._handshake_timeout, self._check_handshake_timeout)
+        self._core._tls_start_handshake()
+
+    def _check_handshake_timeout(self):
+        if self._core._tls_handshaking():
+            msg = (
+                f"SSL handshake is taking longer than {self._handshake_timeout} seconds: aborting the connection"
+            )
+            self._fatal_error(ConnectionAbortedError(msg))
+
+    def _tls_handshake_done(self, call_connection_made):
+        """The handshake is done: the extra info, the application's
+        connection_made, the waiter. False if the peer's certificate could
+        not be had (the connection failed)."""
+        self._cancel_handshake_timer()
+        sslobj = self._sslobj
+        try:
+            peercert = sslobj.getpeercert()
+        except Exception as exc:
+            self._tls_handshake_failed(exc)
+            return False
+        if self._handshake_start is not None:
+            dt = self._loop.time() - self._handshake_start
+            logger.debug("%r: SSL handshake took %.1f ms", self, dt * 1e3)
+        self._extra.update(peercert=peercert, cipher=sslobj.cipher(), compression=sslobj.compression(),
+                           ssl_object=sslobj)
+        if call_connection_made:
+            self._core.get_protocol().connection_made(self)
+        self._wakeup_waiter()
+        return True
+
+    def _tls_handshake_failed(self, exc):
+        self._cancel_handshake_timer()
+        if isinstance(exc, ssl.CertificateError):
+            msg = "SSL handshake failed on verifying the certificate"
+        else:
+            msg = "SSL handshake failed"
+        self._fatal_error(exc, msg)
+        self._wakeup_waiter(exc)
+
+    def _tls_shutdown_started(self):
+        self._shutdown_timer = self._loop.call_later(self._shutdown_timeout, self._check_shutdown_timeout)
+
+    def _check_shutdown_timeout(self):
+        if self._core._tls_shutting_down():
+            self._core._force_close(exceptions.TimeoutError("SSL shutdown timed out"))
+
+    def _tls_shutdown_finished(self):
+        if self._shutdown_timer is not None:
+            self._shutdown_timer.cancel()
+            self._shutdown_timer = None
+
+    def _fatal_error(self, exc, message="Fatal error on transport"):
+        # sslproto's: the socket closes with exc; an OSError is logged in
+        # debug mode only, a cancellation not at all.
+        protocol = self._core.get_protocol()
+        self._core._force_close(exc)
+        if not isinstance(exc, exceptions.CancelledError):
+            report_error(self._socket, exc, message, protocol, quiet=isinstance(exc, OSError))
+
+    def _report_error(self, message, exc):
+        report_error(self, exc, message, self._core.get_protocol())
+
+    def _call_connection_lost(self, exc):
+        """The socket's connection is over (sslproto's connection_lost)."""
+        try:
+            protocol = self._core.get_protocol()
+            if self._core._tls_connection_lost() and protocol is not None:
+                self._loop.call_soon(protocol.connection_lost, exc)
+        finally:
+            self._socket._release_fd(True)
+            self._wakeup_waiter(exc)
+            self._cancel_handshake_timer()
+            self._tls_shutdown_finished()
+
+    def _release_fd(self, finished=False):
+        # (A loop closing with the connection open.)
+        self._socket._release_fd(finished)
+
+    def _cancel_handshake_timer(self):
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+
+    def _wakeup_waiter(self, exc=None):
+        waiter, self._waiter = self._waiter, None
+        if waiter is None or waiter.cancelled():
+            return
+        if exc is not None:
+            waiter.set_exception(exc)
+        else:
+            futures._set_result_unless_cancelled(waiter, None)

@@ -1,0 +1,831 @@
+//! A stream transport's TLS reader: the connection's records done natively
+//! on the user's `ssl.SSLContext` (see src/tls), with the semantics of
+//! asyncio's `sslproto` (3.11+), which this mirrors state by state.
+//!
+//! The socket's reads land in the read buffer and are fed to the session;
+//! what the session decrypts reaches the application protocol from inside
+//! libuv's read callback (plain: `data_received`, once per socket read with
+//! all that was decrypted; buffered: `get_buffer` / `buffer_updated`).
+//! Application writes wait in a plaintext backlog until the end of the turn,
+//! when they are encrypted together (small writes coalesce into full
+//! records) and the ciphertext joins the socket's write queue: one system
+//! call per turn, as for plain transports. Write flow control counts the
+//! backlog and the ciphertext not yet taken by the kernel, at asyncio's TLS
+//! water marks.
+//!
+//! What happens once per connection is Python (transports/_tls.py): the
+//! choice of this path, the handshake's and the shutdown's timeouts, the
+//! extra info and `connection_made` once the handshake is done, the
+//! application's `connection_lost`. The core calls it through
+//! `_tls_handshake_done()`, `_tls_handshake_failed(exc)`,
+//! `_tls_shutdown_started()`, `_tls_shutdown_finished()` and `_fatal_error`.
+
+use std::collections::VecDeque;
+
+use pyo3::exceptions::{PyConnectionResetError, PyNotImplementedError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
+
+use super::reader::Reader;
+use super::writer::{to_chunk, Chunk};
+use super::StreamCore;
+use crate::errors::is_fatal_base;
+use crate::eventloop::ClientPtr;
+use crate::python;
+use crate::tls::{self, Decrypted, Handshake, Opened, Shutdown, TlsSession, Write};
+use crate::transport::base::{Transport, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
+use crate::transport::buffer::BufferView;
+use crate::transport::readbuf::{self, READ_SIZE};
+
+/// asyncio's water marks for TLS: writes (FLOW_CONTROL_HIGH_WATER_SSL_WRITE)
+/// and ciphertext received but not yet decrypted (..._SSL_READ), in bytes.
+const HIGH_WATER_WRITE: usize = 512 * 1024;
+const HIGH_WATER_READ: usize = 256 * 1024;
+
+/// sslproto's `SSLProtocolState`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum TlsState {
+    Handshake,
+    Wrapped,
+    Flushing,
+    Shutdown,
+    Unwrapped,
+}
+
+/// sslproto's `AppProtocolState`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum AppState {
+    Init,
+    Made,
+    Eof,
+    Lost,
+}
+
+pub(super) struct Tls {
+    session: TlsSession,
+    pub(super) state: TlsState,
+    app: AppState,
+    /// The application protocol is a BufferedProtocol.
+    app_buffered: bool,
+    /// The application transport's close() or abort() was called.
+    pub(super) app_closed: bool,
+    app_reading_paused: bool,
+    /// The socket's reading was paused: too much ciphertext is waiting.
+    ssl_reading_paused: bool,
+    /// The socket's EOF arrived.
+    eof_received: bool,
+    backlog: VecDeque<Chunk>,
+    backlog_bytes: usize,
+    /// Writes dropped once the connection closed (asyncio warns after a few).
+    dropped_writes: u32,
+    /// A read is due before the next poll (resume_reading, a full buffer).
+    read_due: bool,
+    /// Ciphertext waiting to be decrypted at which the socket's reading
+    /// pauses, and resumes.
+    read_high: usize,
+    read_low: usize,
+}
+
+impl Tls {
+    pub(super) fn backlog_bytes(&self) -> usize {
+        self.backlog_bytes
+    }
+}
+
+/// What the core does next after a step that ran with the state borrowed.
+enum Next {
+    Nothing,
+    Handshake,
+    Read,
+    Flush,
+    Shutdown,
+}
+
+impl StreamCore {
+    /// The TLS state, if this is a TLS transport (`f` on it).
+    fn with_tls<R>(&self, py: Python<'_>, f: impl FnOnce(&mut Tls) -> R) -> Option<R> {
+        self.state.with(py, |st| match &mut st.reader {
+            Reader::Tls(tls) => Some(f(tls)),
+            _ => None,
+        })
+    }
+
+    pub(super) fn is_tls(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| matches!(st.reader, Reader::Tls(_)))
+    }
+
+    /// Switches the transport to TLS on `sslobj` (made by
+    /// `context.wrap_bio(incoming, outgoing, ...)`) for the application
+    /// `protocol`; None, or why it cannot be native (then nothing changed).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn begin_tls(
+        &self,
+        py: Python<'_>,
+        sslobj: &Bound<'_, PyAny>,
+        incoming: &Bound<'_, PyAny>,
+        outgoing: &Bound<'_, PyAny>,
+        protocol: Py<PyAny>,
+        buffered: bool,
+        call_connection_made: bool,
+    ) -> PyResult<Option<String>> {
+        let session = match TlsSession::open(py, sslobj, incoming, outgoing)? {
+            Opened::Native(s) => s,
+            Opened::NotNative(why) => return Ok(Some(why)),
+        };
+        let tls = Box::new(Tls {
+            session,
+            state: TlsState::Unwrapped,
+            app: if call_connection_made { AppState::Init } else { AppState::Made },
+            app_buffered: buffered,
+            app_closed: false,
+            app_reading_paused: false,
+            ssl_reading_paused: false,
+            eof_received: false,
+            backlog: VecDeque::new(),
+            backlog_bytes: 0,
+            dropped_writes: 0,
+            read_due: false,
+            read_high: HIGH_WATER_READ,
+            read_low: HIGH_WATER_READ / 4,
+        });
+        let old = self.state.with(py, |st| {
+            st.base.high_water = HIGH_WATER_WRITE;
+            st.base.low_water = HIGH_WATER_WRITE / 4;
+            st.base.pause_on_reaching_high = true;
+            (std::mem::replace(&mut st.reader, Reader::Tls(tls)), st.base.protocol.replace(protocol))
+        });
+        drop(old);
+        Ok(None)
+    }
+
+    /// sslproto's `_start_handshake` (its `connection_made`).
+    pub(super) fn tls_start_handshake(&self, py: Python<'_>) -> PyResult<()> {
+        let start = self.with_tls(py, |t| {
+            let start = t.state == TlsState::Unwrapped && t.app != AppState::Lost;
+            if start {
+                t.state = TlsState::Handshake;
+            }
+            start
+        });
+        if start == Some(true) {
+            self.tls_handshake(py)?;
+        }
+        Ok(())
+    }
+
+    fn tls_handshake(&self, py: Python<'_>) -> PyResult<()> {
+        let outcome = self.with_tls(py, |t| t.session.handshake(py));
+        match outcome {
+            None => Ok(()),
+            Some(Ok(Handshake::WantRead)) => self.tls_process_outgoing(py),
+            Some(Ok(Handshake::Done)) => {
+                let call_made = self
+                    .with_tls(py, |t| {
+                        t.state = TlsState::Wrapped;
+                        let due = t.app == AppState::Init;
+                        if due {
+                            t.app = AppState::Made;
+                        }
+                        due
+                    })
+                    .unwrap_or(false);
+                // The extra info, the application's connection_made and the
+                // waiter: Python, once per connection. False: the peer's
+                // certificate could not be read (the connection failed).
+                let wrapper = self.wrapper(py);
+                let name = pyo3::intern!(py, "_tls_handshake_done");
+                match python::call_method(wrapper.bind(py), name, (call_made,)) {
+                    Ok(ok) if ok.is_truthy()? => self.tls_do_read(py),
+                    Ok(_) => {
+                        self.with_tls(py, |t| t.state = TlsState::Unwrapped);
+                        Ok(())
+                    }
+                    Err(err) if is_fatal_base(py, &err) => Err(err),
+                    Err(err) => self.tls_fatal_error(py, err, "Fatal error on SSL protocol"),
+                }
+            }
+            Some(Err(err)) if tls::is_again(py, &err) => self.tls_process_outgoing(py),
+            Some(Err(err)) => self.tls_handshake_failed(py, err),
+        }
+    }
+
+    /// sslproto's `_on_handshake_complete(exc)` for a failure. The alert
+    /// the session wrote for the peer goes out first.
+    fn tls_handshake_failed(&self, py: Python<'_>, err: PyErr) -> PyResult<()> {
+        self.with_tls(py, |t| t.state = TlsState::Unwrapped);
+        self.tls_process_outgoing(py)?;
+        self.flush(py)?;
+        let wrapper = self.wrapper(py);
+        python::call_method(wrapper.bind(py), pyo3::intern!(py, "_tls_handshake_failed"), (err.into_value(py),))?;
+        Ok(())
+    }
+
+    /// The socket read `n` bytes into the read buffer.
+    pub(super) fn tls_received(&self, py: Python<'_>, n: usize) -> PyResult<()> {
+        let next = self.state.with(py, |st| -> PyResult<Next> {
+            let Reader::Tls(t) = &mut st.reader else { return Ok(Next::Nothing) };
+            readbuf::filled(n, |data| t.session.feed(py, data)).unwrap_or(Ok(()))?;
+            Ok(match t.state {
+                TlsState::Handshake => Next::Handshake,
+                TlsState::Wrapped => Next::Read,
+                TlsState::Flushing => Next::Flush,
+                TlsState::Shutdown => Next::Shutdown,
+                TlsState::Unwrapped => Next::Nothing,
+            })
+        })?;
+        self.tls_run(py, next)
+    }
+
+    fn tls_run(&self, py: Python<'_>, next: Next) -> PyResult<()> {
+        match next {
+            Next::Nothing => Ok(()),
+            Next::Handshake => self.tls_handshake(py),
+            Next::Read => self.tls_do_read(py),
+            Next::Flush => self.tls_do_flush(py),
+            Next::Shutdown => self.tls_do_shutdown(py),
+        }
+    }
+
+    /// sslproto's `_do_read`, errors included.
+    fn tls_do_read(&self, py: Python<'_>) -> PyResult<()> {
+        match self.tls_read_step(py) {
+            Err(err) if !is_fatal_base(py, &err) => self.tls_fatal_error(py, err, "Fatal error on SSL protocol"),
+            other => other,
+        }
+    }
+
+    fn tls_read_step(&self, py: Python<'_>) -> PyResult<()> {
+        let Some((readable, paused, buffered)) = self.with_tls(py, |t| {
+            (matches!(t.state, TlsState::Wrapped | TlsState::Flushing), t.app_reading_paused, t.app_buffered)
+        }) else {
+            return Ok(());
+        };
+        if !readable {
+            return Ok(());
+        }
+        if !paused {
+            let closed = if buffered { self.tls_read_buffered(py)? } else { self.tls_read_copied(py)? };
+            if closed {
+                // close_notify
+                self.tls_call_eof_received(py)?;
+                self.tls_start_shutdown(py)?;
+            }
+            if self.with_tls(py, |t| !t.backlog.is_empty()) == Some(true) {
+                self.tls_do_write(py)?;
+            } else {
+                self.tls_process_outgoing(py)?;
+            }
+        }
+        self.tls_control_reading(py)
+    }
+
+    /// Decrypts everything available and hands it to `data_received` in
+    /// one call; true if the peer's close_notify arrived. A single read (the
+    /// usual case) is delivered from the read buffer; more are joined.
+    fn tls_read_copied(&self, py: Python<'_>) -> PyResult<bool> {
+        let mut joined: Vec<u8> = Vec::new();
+        // Bytes of the latest read, still in the read buffer.
+        let mut last = 0usize;
+        let mut closed = false;
+        let mut failed = None;
+        loop {
+            if last > 0 {
+                readbuf::filled(last, |d| joined.extend_from_slice(d));
+                last = 0;
+            }
+            let Some(mem) = readbuf::memory(py) else {
+                failed = Some(pyo3::exceptions::PyMemoryError::new_err(()));
+                break;
+            };
+            // SAFETY: the read buffer is READ_SIZE bytes, ours until its
+            // contents are handed to the protocol.
+            let buf = unsafe { std::slice::from_raw_parts_mut(mem, READ_SIZE) };
+            let got = self.with_tls(py, |t| {
+                let got = t.session.read_into(py, buf);
+                (got, t.session.has_pending(py))
+            });
+            match got {
+                Some((Ok(Decrypted::Data(n)), more)) if n > 0 => {
+                    last = n;
+                    if !more {
+                        break;
+                    }
+                }
+                Some((Ok(Decrypted::Closed), _)) => {
+                    closed = true;
+                    break;
+                }
+                Some((Err(err), _)) if !tls::is_again(py, &err) => {
+                    failed = Some(err);
+                    break;
+                }
+                _ => break,
+            }
+        }
+        // What was decrypted before an error still reaches the application.
+        self.tls_deliver(py, last, joined)?;
+        match failed {
+            Some(err) => Err(err),
+            None => Ok(closed),
+        }
+    }
+
+    /// `data_received` with what was read: the last read still in the read
+    /// buffer (`last` bytes) after those `joined` before it.
+    fn tls_deliver(&self, py: Python<'_>, last: usize, mut joined: Vec<u8>) -> PyResult<()> {
+        if last == 0 && joined.is_empty() {
+            return Ok(());
+        }
+        let Some(protocol) = self.protocol(py) else { return Ok(()) };
+        let data = if joined.is_empty() {
+            match readbuf::take(py, last) {
+                Some(b) => b,
+                None => return Ok(()),
+            }
+        } else {
+            readbuf::filled(last, |d| joined.extend_from_slice(d));
+            PyBytes::new(py, &joined)
+        };
+        let result = python::call_method(protocol.bind(py), python::protocol::data_received(py), (&data,));
+        readbuf::give_back(data);
+        result.map(drop)
+    }
+
+    /// sslproto's `_do_read__buffered`; true if close_notify arrived.
+    fn tls_read_buffered(&self, py: Python<'_>) -> PyResult<bool> {
+        let Some(protocol) = self.protocol(py) else { return Ok(false) };
+        let want = self.with_tls(py, |t| t.session.incoming_len(py)).unwrap_or(0);
+        let buf = python::call_method(protocol.bind(py), python::protocol::get_buffer(py), (want,))?;
+        let view = BufferView::get(&buf, true)?;
+        let wants = view.len();
+        // SAFETY: the exported writable buffer is valid while `view` lives.
+        let mem = unsafe { std::slice::from_raw_parts_mut(view.ptr(), wants) };
+        let mut offset = 0;
+        let mut closed = false;
+        let mut again = false;
+        while offset < wants {
+            let got = self.with_tls(py, |t| t.session.read_into(py, &mut mem[offset..]));
+            match got {
+                Some(Ok(Decrypted::Data(n))) if n > 0 => offset += n,
+                Some(Ok(Decrypted::Closed)) => {
+                    closed = true;
+                    break;
+                }
+                Some(Err(err)) if !tls::is_again(py, &err) => {
+                    drop(view);
+                    if offset > 0 {
+                        python::call_method(protocol.bind(py), python::protocol::buffer_updated(py), (offset,))?;
+                    }
+                    return Err(err);
+                }
+                _ => break,
+            }
+        }
+        if offset == wants && wants > 0 {
+            // The buffer is full: more may be waiting (sslproto calls
+            // _do_read again soon; here, before the next poll).
+            again = true;
+        }
+        drop(view);
+        if offset > 0 {
+            python::call_method(protocol.bind(py), python::protocol::buffer_updated(py), (offset,))?;
+        }
+        if again && !closed {
+            self.ask_before_poll(py, true);
+        }
+        Ok(closed)
+    }
+
+    /// sslproto's `_call_eof_received`.
+    fn tls_call_eof_received(&self, py: Python<'_>) -> PyResult<()> {
+        let call = self.with_tls(py, |t| {
+            let call = t.app == AppState::Made;
+            if call {
+                t.app = AppState::Eof;
+            }
+            call
+        });
+        if call != Some(true) {
+            return Ok(());
+        }
+        let Some(protocol) = self.protocol(py) else { return Ok(()) };
+        match python::call_method(protocol.bind(py), python::protocol::eof_received(py), ()) {
+            Ok(keep_open) => {
+                if keep_open.is_truthy()? {
+                    python::call_method(
+                        python::logger(py)?,
+                        pyo3::intern!(py, "warning"),
+                        ("returning true from eof_received() has no effect when using ssl",),
+                    )?;
+                }
+                Ok(())
+            }
+            Err(err) if is_fatal_base(py, &err) => Err(err),
+            Err(err) => self.tls_fatal_error(py, err, "Error calling eof_received()"),
+        }
+    }
+
+    /// sslproto's `_start_shutdown` (the application transport's close()).
+    fn tls_start_shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(state) = self.with_tls(py, |t| {
+            let state = t.state;
+            if !matches!(state, TlsState::Flushing | TlsState::Shutdown | TlsState::Unwrapped) {
+                t.app_closed = true;
+                if state != TlsState::Handshake {
+                    t.state = TlsState::Flushing;
+                }
+            }
+            state
+        }) else {
+            return Ok(());
+        };
+        match state {
+            TlsState::Flushing | TlsState::Shutdown | TlsState::Unwrapped => Ok(()),
+            TlsState::Handshake => self.tls_abort(py),
+            TlsState::Wrapped => {
+                let wrapper = self.wrapper(py);
+                python::call_method(wrapper.bind(py), pyo3::intern!(py, "_tls_shutdown_started"), ())?;
+                self.tls_do_flush(py)
+            }
+        }
+    }
+
+    /// sslproto's `_do_flush`: what is still to read, then the shutdown.
+    fn tls_do_flush(&self, py: Python<'_>) -> PyResult<()> {
+        self.tls_do_read(py)?;
+        let shut = self.with_tls(py, |t| {
+            let go = t.state == TlsState::Flushing;
+            if go {
+                t.state = TlsState::Shutdown;
+            }
+            go
+        });
+        if shut == Some(true) {
+            self.tls_do_shutdown(py)?;
+        }
+        Ok(())
+    }
+
+    /// sslproto's `_do_shutdown`.
+    fn tls_do_shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        let outcome = self.with_tls(py, |t| {
+            if t.state != TlsState::Shutdown {
+                return None;
+            }
+            if t.eof_received {
+                return Some(Ok(Shutdown::Complete));
+            }
+            Some(t.session.shutdown(py))
+        });
+        match outcome.flatten() {
+            None => Ok(()),
+            Some(Ok(Shutdown::Sent)) => self.tls_process_outgoing(py),
+            Some(Err(err)) if tls::is_again(py, &err) => self.tls_process_outgoing(py),
+            Some(Err(err)) => self.tls_shutdown_complete(py, Some(err)),
+            Some(Ok(Shutdown::Complete)) => {
+                self.tls_process_outgoing(py)?;
+                self.tls_call_eof_received(py)?;
+                self.tls_shutdown_complete(py, None)
+            }
+        }
+    }
+
+    /// sslproto's `_on_shutdown_complete`: the socket closes once what is
+    /// queued has gone (or the error is fatal).
+    fn tls_shutdown_complete(&self, py: Python<'_>, err: Option<PyErr>) -> PyResult<()> {
+        let wrapper = self.wrapper(py);
+        python::call_method(wrapper.bind(py), pyo3::intern!(py, "_tls_shutdown_finished"), ())?;
+        match err {
+            Some(err) => self.tls_fatal_error(py, err, "Fatal error on transport"),
+            None => {
+                let (loop_obj, me) = self.state.with(py, |st| (st.base.loop_obj.clone_ref(py), st.object(py)));
+                let Some(me) = me else { return Ok(()) };
+                let close = me.bind(py).getattr(pyo3::intern!(py, "_close_socket"))?;
+                python::call_method(loop_obj.bind(py), python::event_loop::call_soon(py), (close,))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// sslproto's `_abort`: the socket goes at once.
+    pub(super) fn tls_abort(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_tls(py, |t| t.state = TlsState::Unwrapped);
+        self.socket_abort(py)
+    }
+
+    /// sslproto's `eof_received`: the socket's EOF. Returns whether the
+    /// socket stays open (only while the application has paused reading).
+    pub(super) fn tls_socket_eof(&self, py: Python<'_>) -> PyResult<bool> {
+        let Some(state) = self.with_tls(py, |t| {
+            t.eof_received = true;
+            t.state
+        }) else {
+            return Ok(false);
+        };
+        match state {
+            TlsState::Handshake => {
+                let err = PyConnectionResetError::new_err(());
+                self.tls_handshake_failed(py, err).map(|()| false)
+            }
+            TlsState::Wrapped => {
+                let paused = self.with_tls(py, |t| {
+                    t.state = TlsState::Flushing;
+                    t.app_reading_paused
+                });
+                if paused == Some(true) {
+                    return Ok(true);
+                }
+                self.tls_do_flush(py).map(|()| false)
+            }
+            TlsState::Flushing => self
+                .tls_do_write(py)
+                .and_then(|()| {
+                    self.with_tls(py, |t| t.state = TlsState::Shutdown);
+                    self.tls_do_shutdown(py)
+                })
+                .map(|()| false),
+            TlsState::Shutdown => self.tls_do_shutdown(py).map(|()| false),
+            TlsState::Unwrapped => Ok(false),
+        }
+    }
+
+    /// The application's write(): sslproto's `_write_appdata`.
+    pub(super) fn tls_write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        if !(data.is_instance_of::<PyBytes>()
+            || data.is_instance_of::<PyByteArray>()
+            || data.is_instance_of::<PyMemoryView>())
+        {
+            return Err(PyTypeError::new_err(format!(
+                "data: expecting a bytes-like instance, got {}",
+                data.get_type().name()?
+            )));
+        }
+        if data.len()? == 0 {
+            return Ok(());
+        }
+        self.tls_write_appdata(py, std::slice::from_ref(data))
+    }
+
+    pub(super) fn tls_writelines(&self, py: Python<'_>, list_of_data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let items: Vec<Bound<'_, PyAny>> = list_of_data.try_iter()?.collect::<PyResult<_>>()?;
+        self.tls_write_appdata(py, &items)
+    }
+
+    fn tls_write_appdata(&self, py: Python<'_>, items: &[Bound<'_, PyAny>]) -> PyResult<()> {
+        let Some((state, dropped)) = self.with_tls(py, |t| (t.state, t.dropped_writes)) else { return Ok(()) };
+        if matches!(state, TlsState::Flushing | TlsState::Shutdown | TlsState::Unwrapped) {
+            if dropped >= LOG_THRESHOLD_FOR_CONNLOST_WRITES {
+                python::call_method(python::logger(py)?, pyo3::intern!(py, "warning"), ("SSL connection is closed",))?;
+            }
+            self.with_tls(py, |t| t.dropped_writes += 1);
+            return Ok(());
+        }
+        let mut chunks = Vec::with_capacity(items.len());
+        for item in items {
+            chunks.push(to_chunk(item)?);
+        }
+        let (over, ask) = self
+            .state
+            .with(py, |st| {
+                let high = st.base.high_water;
+                let queued = st.writes.size();
+                let Reader::Tls(t) = &mut st.reader else { return None };
+                let was_empty = t.backlog.is_empty();
+                for (chunk, len) in chunks {
+                    t.backlog.push_back(chunk);
+                    t.backlog_bytes += len;
+                }
+                Some((t.backlog_bytes + queued >= high, was_empty && t.state == TlsState::Wrapped))
+            })
+            .unwrap_or((false, false));
+        if state == TlsState::Wrapped {
+            if over || !self.shared().is_running(py) {
+                // As asyncio, which encrypts and writes at once: now.
+                let wrote = self.tls_do_write(py);
+                if let Err(err) = wrote {
+                    if is_fatal_base(py, &err) {
+                        return Err(err);
+                    }
+                    return self.tls_fatal_error(py, err, "Fatal error on SSL protocol");
+                }
+            } else if ask {
+                // Encrypted with the rest of the turn's writes before the poll.
+                self.ask_before_poll(py, false);
+            }
+        }
+        self.pause_protocol_if_needed(py, self.buffer_size(py))
+    }
+
+    /// sslproto's `_do_write`: the backlog encrypted, the ciphertext queued.
+    pub(super) fn tls_do_write(&self, py: Python<'_>) -> PyResult<()> {
+        let written = self.with_tls(py, |t| {
+            if t.backlog.is_empty() {
+                return Ok(());
+            }
+            let bufs: Vec<&[u8]> = t.backlog.iter().map(|c| c.remaining()).collect();
+            let (taken, _stopped) = match t.session.write_vectored(py, &bufs) {
+                Ok(r) => r,
+                Err(err) if tls::is_again(py, &err) => (0, Write::WantRead),
+                Err(err) => return Err(err),
+            };
+            drop(bufs);
+            // Drop what was taken from the front of the backlog.
+            let mut left = taken;
+            t.backlog_bytes -= taken;
+            while left > 0 {
+                let front = t.backlog.front_mut().expect("taken from the backlog");
+                let len = front.remaining().len();
+                if left >= len {
+                    left -= len;
+                    t.backlog.pop_front();
+                } else {
+                    front.advance(left);
+                    left = 0;
+                }
+            }
+            Ok(())
+        });
+        if let Some(Err(err)) = written {
+            return Err(err);
+        }
+        self.tls_process_outgoing(py)
+    }
+
+    /// sslproto's `_process_outgoing`: the session's ciphertext joins the
+    /// socket's write queue.
+    fn tls_process_outgoing(&self, py: Python<'_>) -> PyResult<()> {
+        let mut out = Vec::new();
+        let n = self.with_tls(py, |t| t.session.take_output(py, &mut out)).unwrap_or(0);
+        if n > 0 {
+            self.enqueue_raw(py, Chunk::owned(out), n)?;
+        }
+        self.pause_protocol_if_needed(py, self.buffer_size(py))?;
+        self.resume_protocol_if_needed(py, self.buffer_size(py))
+    }
+
+    /// sslproto's `_control_ssl_reading`: the socket's reading pauses while
+    /// too much ciphertext waits to be decrypted (the application paused).
+    fn tls_control_reading(&self, py: Python<'_>) -> PyResult<()> {
+        let change = self.with_tls(py, |t| {
+            let size = t.session.incoming_len(py);
+            if size >= t.read_high && !t.ssl_reading_paused {
+                t.ssl_reading_paused = true;
+                Some(true)
+            } else if size <= t.read_low && t.ssl_reading_paused {
+                t.ssl_reading_paused = false;
+                Some(false)
+            } else {
+                None
+            }
+        });
+        match change.flatten() {
+            Some(true) => {
+                self.socket_pause_reading(py);
+                Ok(())
+            }
+            Some(false) => self.socket_resume_reading(py),
+            None => Ok(()),
+        }
+    }
+
+    /// The application's pause_reading(): decrypting stops.
+    pub(super) fn tls_pause_reading(&self, py: Python<'_>) {
+        self.with_tls(py, |t| t.app_reading_paused = true);
+    }
+
+    /// The application's resume_reading(): decrypting goes on, from the
+    /// next turn (sslproto's `call_soon(resume)`).
+    pub(super) fn tls_resume_reading(&self, py: Python<'_>) {
+        if self.with_tls(py, |t| std::mem::replace(&mut t.app_reading_paused, false)) == Some(true) {
+            self.ask_before_poll(py, true);
+        }
+    }
+
+    pub(super) fn tls_is_reading(&self, py: Python<'_>) -> bool {
+        self.with_tls(py, |t| !t.app_reading_paused).unwrap_or(false)
+    }
+
+    /// The work asked for before the poll: a resumed or pending read, and
+    /// the turn's writes encrypted.
+    pub(super) fn tls_before_poll(&self, py: Python<'_>) -> PyResult<()> {
+        let next = self.with_tls(py, |t| {
+            let read = std::mem::take(&mut t.read_due);
+            let next = match (read, t.state) {
+                (true, TlsState::Wrapped) => Next::Read,
+                (true, TlsState::Flushing) => Next::Flush,
+                (true, TlsState::Shutdown) => Next::Shutdown,
+                _ => Next::Nothing,
+            };
+            (next, !t.backlog.is_empty() && t.state == TlsState::Wrapped)
+        });
+        let Some((next, write)) = next else { return Ok(()) };
+        let result = self.tls_run(py, next).and_then(|()| if write { self.tls_do_write(py) } else { Ok(()) });
+        match result {
+            Err(err) if !is_fatal_base(py, &err) => self.tls_fatal_error(py, err, "Fatal error on SSL protocol"),
+            other => other,
+        }
+    }
+
+    /// Asks for `tls_before_poll` (with a read when `read`).
+    fn ask_before_poll(&self, py: Python<'_>, read: bool) {
+        let me = self.state.with(py, |st| {
+            if let Reader::Tls(t) = &mut st.reader {
+                t.read_due |= read;
+            }
+            st.object(py)
+        });
+        if let Some(me) = me {
+            self.shared().before_poll(py, me, ClientPtr(self));
+        }
+    }
+
+    /// sslproto's `_fatal_error`: the transport's `_fatal_error` (report,
+    /// then the socket closes with `exc`).
+    fn tls_fatal_error(&self, py: Python<'_>, err: PyErr, message: &str) -> PyResult<()> {
+        self.fatal_error(py, err, message)
+    }
+
+    /// The application's close(): the TLS shutdown (a second close() is a
+    /// no-op).
+    pub(super) fn tls_close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.with_tls(py, |t| t.app_closed) == Some(true) {
+            return Ok(());
+        }
+        self.tls_start_shutdown(py)
+    }
+
+    /// The application's abort().
+    pub(super) fn tls_app_abort(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_tls(py, |t| t.app_closed = true);
+        self.tls_abort(py)
+    }
+
+    pub(super) fn tls_write_eof(&self) -> PyErr {
+        PyNotImplementedError::new_err(())
+    }
+
+    /// The socket's connection_lost ran: sslproto's `connection_lost`.
+    /// Returns whether the application's connection_lost is due.
+    pub(super) fn tls_connection_lost(&self, py: Python<'_>) -> bool {
+        let dropped = self.with_tls(py, |t| {
+            let due = t.state != TlsState::Handshake && matches!(t.app, AppState::Made | AppState::Eof);
+            if due {
+                t.app = AppState::Lost;
+            }
+            t.state = TlsState::Unwrapped;
+            t.app_closed = true;
+            t.backlog_bytes = 0;
+            (due, std::mem::take(&mut t.backlog))
+        });
+        match dropped {
+            Some((due, backlog)) => {
+                drop(backlog);
+                due
+            }
+            None => false,
+        }
+    }
+
+    /// The handshake timeout fired: true if the handshake is still going.
+    pub(super) fn tls_handshaking(&self, py: Python<'_>) -> bool {
+        self.with_tls(py, |t| t.state == TlsState::Handshake).unwrap_or(false)
+    }
+
+    /// The shutdown timeout fired: true if the shutdown is still going.
+    pub(super) fn tls_shutting_down(&self, py: Python<'_>) -> bool {
+        self.with_tls(py, |t| matches!(t.state, TlsState::Flushing | TlsState::Shutdown)).unwrap_or(false)
+    }
+
+    pub(super) fn tls_state_name(&self, py: Python<'_>) -> Option<&'static str> {
+        self.with_tls(py, |t| match t.state {
+            TlsState::Handshake => "DO_HANDSHAKE",
+            TlsState::Wrapped => "WRAPPED",
+            TlsState::Flushing => "FLUSHING",
+            TlsState::Shutdown => "SHUTDOWN",
+            TlsState::Unwrapped => "UNWRAPPED",
+        })
+    }
+
+    /// asyncio's read buffer limits of a TLS transport (checked in Python).
+    pub(super) fn tls_set_read_limits(&self, py: Python<'_>, high: usize, low: usize) -> PyResult<()> {
+        self.with_tls(py, |t| {
+            t.read_high = high;
+            t.read_low = low;
+        });
+        self.tls_control_reading(py)
+    }
+
+    pub(super) fn tls_read_limits(&self, py: Python<'_>) -> (usize, usize) {
+        self.with_tls(py, |t| (t.read_low, t.read_high)).unwrap_or((0, 0))
+    }
+
+    /// Ciphertext received and not yet decrypted.
+    pub(super) fn tls_read_buffer_size(&self, py: Python<'_>) -> usize {
+        self.with_tls(py, |t| t.session.incoming_len(py)).unwrap_or(0)
+    }
+
+    /// The application protocol changes (set_protocol, sendfile's fallback).
+    pub(super) fn tls_set_app_buffered(&self, py: Python<'_>, buffered: bool) {
+        self.with_tls(py, |t| t.app_buffered = buffered);
+    }
+}
