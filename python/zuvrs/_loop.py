@@ -47,6 +47,9 @@ def _fileobj_to_fd(fileobj):
 # debug mode (gh-112997): _format_callback_source() takes debug=.
 _FORMAT_TAKES_DEBUG = sys.version_info >= (3, 13)
 
+# The largest descriptor the selector's C int takes.
+_C_INT_MAX = 2**31 - 1
+
 # Before 3.12, asyncio's C Task and Future fetch `loop.call_soon` as an
 # attribute for every callback they schedule with a context (every task
 # step, every done callback), which makes and frees a bound method each time;
@@ -80,6 +83,8 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         # friends refuse a transport's fd; asyncio's own transports, which
         # zuvrs uses for what a native core cannot serve, register here).
         self._transports = weakref.WeakValueDictionary()
+        # fd -> the object add_reader / add_writer was given for it (not an int).
+        self._watched_objects = {}
         # Listening Unix socket -> (path, inode), removed when the server closes.
         self._unix_socket_files = {}
         self._child_reaper = ChildReaper(self)
@@ -135,6 +140,7 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
             if isinstance(transport, NativeTransport):
                 transport._release_fd()
         self._free_core()
+        self._watched_objects.clear()
         if self.__dict__.get("call_soon") == _zuvrs.LoopCore.call_soon.__get__(self):
             # The cached bound method refers to the loop: drop the cycle.
             del self.__dict__["call_soon"]
@@ -198,33 +204,46 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
 
     def add_reader(self, fd, callback, *args):
         """Call callback(*args) whenever fd is readable."""
-        self._ensure_fd_no_transport(fd)
-        fd = _fileobj_to_fd(fd)
-        self._check_closed()
-        self._set_fd_handler(fd, False, callback, args)
+        self._watch(fd, False, callback, args)
 
     def remove_reader(self, fd):
         """Stop watching fd for reading; True if it was watched."""
-        self._ensure_fd_no_transport(fd)
-        fd = _fileobj_to_fd(fd)
-        if self.is_closed():
-            return False
-        return self._clear_fd_handler(fd, False)
+        return self._unwatch(fd, False)
 
     def add_writer(self, fd, callback, *args):
         """Call callback(*args) whenever fd is writable."""
-        self._ensure_fd_no_transport(fd)
-        fd = _fileobj_to_fd(fd)
-        self._check_closed()
-        self._set_fd_handler(fd, True, callback, args)
+        self._watch(fd, True, callback, args)
 
     def remove_writer(self, fd):
         """Stop watching fd for writing; True if it was watched."""
-        self._ensure_fd_no_transport(fd)
-        fd = _fileobj_to_fd(fd)
-        if self.is_closed():
+        return self._unwatch(fd, True)
+
+    def _watch(self, fileobj, write, callback, args):
+        self._ensure_fd_no_transport(fileobj)
+        fd = _fileobj_to_fd(fileobj)
+        self._check_closed()
+        if fd > _C_INT_MAX:
+            raise OverflowError("Python int too large to convert to C int")
+        self._set_fd_handler(fd, write, callback, args)
+        if fileobj is not fd:
+            # As the selector keeps it: a socket closed meanwhile is still
+            # found (by identity) when its watch is removed.
+            self._watched_objects.setdefault(fd, fileobj)
+
+    def _unwatch(self, fileobj, write):
+        self._ensure_fd_no_transport(fileobj)
+        try:
+            fd = _fileobj_to_fd(fileobj)
+        except ValueError:
+            fd = next((f for f, obj in self._watched_objects.items() if obj is fileobj), None)
+            if fd is None:
+                raise
+        if self.is_closed() or fd > _C_INT_MAX:
             return False
-        return self._clear_fd_handler(fd, True)
+        removed = self._clear_fd_handler(fd, write)
+        if fd in self._watched_objects and self._fd_handlers(fd) == (None, None):
+            del self._watched_objects[fd]
+        return removed
 
     # -- signals ----------------------------------------------------------------
 

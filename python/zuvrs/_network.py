@@ -67,15 +67,23 @@ def _encode_host(host):
     raise TypeError("getaddrinfo() argument 1 must be string or None")
 
 
+_C_LONG_MIN, _C_LONG_MAX = -(2**63), 2**63 - 1
+
+
 def _encode_port(port):
+    """The port as socket.getaddrinfo hands it to the resolver: an int as
+    its digits (OverflowError beyond a C long), a str or bytes up to a NUL
+    (the C string it becomes ends there)."""
     if port is None:
         return None
     if isinstance(port, int):
-        return str(port).encode()
+        if not _C_LONG_MIN <= port <= _C_LONG_MAX:
+            raise OverflowError("Python int too large to convert to C long")
+        return str(int(port)).encode()
     if isinstance(port, str):
-        return port.encode()
+        return port.encode().split(b"\0", 1)[0]
     if isinstance(port, bytes):
-        return port
+        return port.split(b"\0", 1)[0]
     raise OSError("Int or String expected")
 
 
@@ -480,7 +488,12 @@ class NetworkMixin:
         if infos is not None:
             return infos
         fut = self.create_future()
-        _zuvrs.resolve(self, fut, _encode_host(host), _encode_port(port), family, type, proto, flags)
+        try:
+            _zuvrs.resolve(self, fut, _encode_host(host), _encode_port(port), family, type, proto, flags)
+        except OSError:
+            # libuv refused the arguments (an empty host, no host nor port):
+            # the resolver's own answer, with the stdlib's errors.
+            return await self.run_in_executor(None, socket.getaddrinfo, host, port, family, type, proto, flags)
         return await fut
 
     async def getnameinfo(self, sockaddr, flags=0):
@@ -646,15 +659,17 @@ class NetworkMixin:
         return await self._sock_call(sock, False, lambda: sock.recvfrom_into(buf, nbytes or len(buf)))
 
     async def sock_sendall(self, sock, data):
+        # As asyncio's: the data as given first (a view that is not
+        # contiguous fails there, with the socket module's BufferError).
         _check_socket(self, sock)
-        view = memoryview(data).cast("B")
-        total = len(view)
         try:
-            sent = sock.send(view)
+            sent = sock.send(data)
         except (BlockingIOError, InterruptedError):
             sent = 0
-        if sent == total:
+        if sent == len(data):
             return
+        view = memoryview(data)
+        total = len(view)
         progress = [sent]
 
         def attempt():

@@ -39,11 +39,15 @@ unsafe fn make_state(
     // SAFETY: the caller's contract: GIL held, `a` describes live arguments, `first` < nargs.
     unsafe {
         let ctx = match context {
+            Some(c) if ffi::PyContext_CheckExact(c) == 0 => {
+                // As asyncio: kept, and its run() called when due.
+                ffi::Py_INCREF(c);
+                let cb = Callback::new(a.arg(first), a.args.add(first + 1), a.nargs - first - 1);
+                let state = HandleState::with_foreign_context(cb, c);
+                let traceback = if debug { Some(extract_traceback(py, core_obj)?) } else { None };
+                return Ok((state, traceback));
+            }
             Some(c) => {
-                if ffi::PyContext_CheckExact(c) == 0 {
-                    let t = Bound::from_borrowed_ptr(py, c).get_type().name()?;
-                    return Err(PyTypeError::new_err(format!("an instance of Context was expected, got {t}")));
-                }
                 ffi::Py_INCREF(c);
                 (c, false)
             }
@@ -60,14 +64,17 @@ unsafe fn make_state(
         };
         let cb = Callback::new(a.arg(first), a.args.add(first + 1), a.nargs - first - 1);
         let state = HandleState::new(cb, ctx.0, ctx.1, false);
-        let mut traceback = None;
-        if debug {
-            let obj = Bound::from_borrowed_ptr(py, core_obj);
-            let name = python::event_loop::_extract_source_traceback(py);
-            traceback = Some(python::call_method(&obj, name, ())?.unbind());
-        }
+        let traceback = if debug { Some(extract_traceback(py, core_obj)?) } else { None };
         Ok((state, traceback))
     }
+}
+
+/// Where a handle is made, in debug mode (`loop._extract_source_traceback()`).
+fn extract_traceback(py: Python<'_>, core_obj: *mut ffi::PyObject) -> PyResult<Py<PyAny>> {
+    // SAFETY: the loop object is live (the method's self).
+    let obj = unsafe { Bound::from_borrowed_ptr(py, core_obj) };
+    let name = python::event_loop::_extract_source_traceback(py);
+    Ok(python::call_method(&obj, name, ())?.unbind())
 }
 
 /// The debug-mode checks asyncio makes (thread and callback type), done by
@@ -137,16 +144,7 @@ unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bo
         if t == ffi::Py_None() {
             return Err(PyTypeError::new_err(if relative { "delay must not be None" } else { "when cannot be None" }));
         }
-        let t = Bound::from_borrowed_ptr(py, t);
-        let mut when: f64 = t.extract().map_err(|_| {
-            PyTypeError::new_err(format!(
-                "unsupported operand type(s) for +: 'float' and '{}'",
-                t.get_type().name().map(|n| n.to_string()).unwrap_or_default()
-            ))
-        })?;
-        if relative {
-            when += super::monotonic();
-        }
+        let when = if relative { deadline_after(py, t)? } else { absolute_deadline(py, t)? };
         let (closed, debug) = shared.state.with(py, |st| (st.closed, st.debug));
         if closed {
             return Err(crate::errors::closed_error());
@@ -165,6 +163,48 @@ unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bo
         shared.state.with(py, |st| st.timers.push(h.unbind(), when));
         Ok(ptr)
     }
+}
+
+/// `loop.time() + delay`, as asyncio's call_later computes it: a float or an
+/// int directly (a huge int raises OverflowError), anything else through
+/// Python's `+` (TypeError for a Decimal, an object with `__radd__` works).
+///
+/// # Safety
+/// GIL held; `delay` is a live object.
+unsafe fn deadline_after(py: Python<'_>, delay: *mut ffi::PyObject) -> PyResult<f64> {
+    let now = super::monotonic();
+    // SAFETY: type checks and conversions of a live object.
+    unsafe {
+        if ffi::PyFloat_CheckExact(delay) != 0 {
+            return Ok(ffi::PyFloat_AS_DOUBLE(delay) + now);
+        }
+        if ffi::PyLong_CheckExact(delay) != 0 {
+            let d = ffi::PyLong_AsDouble(delay);
+            if d == -1.0 && !ffi::PyErr_Occurred().is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            return Ok(d + now);
+        }
+        let now = pyo3::types::PyFloat::new(py, now);
+        let sum = Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Add(now.as_ptr(), delay))?;
+        sum.extract()
+    }
+}
+
+/// The deadline of call_at: any number (asyncio keeps the object; zuvrs
+/// its float value).
+///
+/// # Safety
+/// GIL held; `when` is a live object.
+unsafe fn absolute_deadline(py: Python<'_>, when: *mut ffi::PyObject) -> PyResult<f64> {
+    // SAFETY: a borrowed live object.
+    let t = unsafe { Bound::from_borrowed_ptr(py, when) };
+    t.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "unsupported operand type(s) for +: 'float' and '{}'",
+            t.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+        ))
+    })
 }
 
 macro_rules! fast_entry {

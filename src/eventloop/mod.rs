@@ -506,9 +506,12 @@ impl LoopCore {
         self.shared.debug(py)
     }
 
+    /// asyncio's `set_debug` takes any value (`set_debug(1)`): its truth.
     #[setter(_debug)]
-    fn set_debug_flag(&self, py: Python<'_>, value: bool) {
-        self.shared.state.with(py, |st| st.debug = value)
+    fn set_debug_flag(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let on = value.is_truthy()?;
+        self.shared.state.with(py, |st| st.debug = on);
+        Ok(())
     }
 
     #[getter(_thread_id)]

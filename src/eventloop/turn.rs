@@ -242,8 +242,9 @@ fn run_ready(slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<()> {
         let Some((item, debug)) = shared.state.with(py, |st| st.ready.pop_front().map(|i| (i, st.debug))) else {
             break;
         };
-        let run = item.with_state(py, |c| c.take_for_run(debug).map(|cb| (cb, c.run_context())));
-        let Some((cb, (ctx, shared_ctx))) = run else {
+        let run =
+            item.with_state(py, |c| c.take_for_run(debug).map(|cb| (cb, c.run_context(), c.has_foreign_context())));
+        let Some((cb, (ctx, shared_ctx), foreign)) = run else {
             item.let_go();
             continue;
         };
@@ -253,7 +254,13 @@ fn run_ready(slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<()> {
         }
         // SAFETY: GIL held; no borrow of native state is live here; `item`
         // keeps the context alive.
-        let ok = unsafe { run_in_context(&cb, ctx, shared_ctx) };
+        let ok = unsafe {
+            if foreign {
+                cb.call_through(ctx)
+            } else {
+                run_in_context(&cb, ctx, shared_ctx)
+            }
+        };
         if shared_ctx {
             shared.state.with(py, |st| st.ctx_cache.set_running(std::ptr::null_mut()));
         }

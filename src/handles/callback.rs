@@ -141,6 +141,34 @@ impl Callback {
         }
     }
 
+    /// Calls `context.run(function, *args)`, asyncio's way with a context
+    /// that is not a `contextvars.Context`. Returns false if it raised (the
+    /// exception is left set).
+    ///
+    /// # Safety
+    /// GIL held; `context` is a live object.
+    pub(crate) unsafe fn call_through(&self, context: *mut ffi::PyObject) -> bool {
+        crate::cell::check_crossing();
+        // SAFETY: the caller's contract; the references are the callback's.
+        unsafe {
+            let run = ffi::PyObject_GetAttrString(context, c"run".as_ptr());
+            if run.is_null() {
+                return false;
+            }
+            let args = self.args.as_slice();
+            let mut all: SmallVec<[*mut ffi::PyObject; 5]> = SmallVec::with_capacity(args.len() + 1);
+            all.push(self.func.as_ptr());
+            all.extend_from_slice(args);
+            let res = ffi::PyObject_Vectorcall(run, all.as_ptr(), all.len(), ptr::null_mut());
+            ffi::Py_DECREF(run);
+            if res.is_null() {
+                return false;
+            }
+            ffi::Py_DECREF(res);
+            true
+        }
+    }
+
     pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(as_py(&self.func.as_ptr()))?;
         for a in self.args.as_slice() {

@@ -302,6 +302,13 @@ impl TimerHandle {
         self.when
     }
 
+    /// asyncio's attribute for `when()`, which code such as aiohttp's
+    /// timeout helpers reads.
+    #[getter]
+    fn _when(&self) -> f64 {
+        self.when
+    }
+
     /// The context the callback runs in.
     fn get_context(&self, py: Python<'_>) -> Py<PyAny> {
         context_of(py, &self.state)

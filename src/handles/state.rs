@@ -25,6 +25,10 @@ pub(crate) struct HandleState {
     /// Reader, writer and signal handles run every time their event fires and
     /// keep their callback until cancelled.
     repeat: bool,
+    /// `context=` was not a `contextvars.Context`: as asyncio, the handle
+    /// keeps it and calls its `run()` when the callback is due (where the
+    /// error, if any, is reported).
+    foreign_context: bool,
 }
 
 // SAFETY: only touched while holding the GIL.
@@ -45,7 +49,25 @@ impl HandleState {
             traced: false,
             cancelled: false,
             repeat,
+            foreign_context: false,
         }
+    }
+
+    /// A state whose `context` is any object (see `foreign_context`).
+    ///
+    /// # Safety
+    /// As for `new`, `context` being any live object.
+    pub(crate) unsafe fn with_foreign_context(cb: Callback, context: *mut ffi::PyObject) -> Self {
+        // SAFETY: per the contract.
+        let mut state = unsafe { HandleState::new(cb, context, false, false) };
+        state.foreign_context = true;
+        state
+    }
+
+    /// Whether the context is not a `contextvars.Context`.
+    #[inline]
+    pub(crate) fn has_foreign_context(&self) -> bool {
+        self.foreign_context
     }
 
     /// Records where the handle was created (debug mode). Only for a core

@@ -156,7 +156,24 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         self._protocol_connected = True
         if server is not None:
             _attach_to(server, self)
-        self._start(protocol, waiter)
+        self._start(protocol, waiter, then=self._unconnected_socket_check())
+
+    def _unconnected_socket_check(self):
+        """For a socket with no peer (a user's socket never connected), what
+        asyncio's first read meets: the kernel's error (EINVAL, ENOTCONN),
+        reported as its read error once connection_made has run. libuv sees
+        the socket's hang-up as an end of file instead. None otherwise."""
+        if self._extra.get("peername") is not None:
+            return None
+        sock = self._extra.sock
+        try:
+            sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            error = exc
+            return lambda: self._fatal_error(error, "Fatal read error on socket transport")
+        return None
 
     def _socket(self):
         """The socket object (made now if this transport was opened on a

@@ -26,8 +26,9 @@ pub(super) enum Reader {
     Plain,
     /// An asyncio.BufferedProtocol: libuv reads into the buffer lent by
     /// `get_buffer()` (`view`, while a read is pending), then
-    /// `buffer_updated(n)`; `error` is why get_buffer() failed.
-    Buffered { view: Option<BufferView>, error: Option<PyErr> },
+    /// `buffer_updated(n)`; `error` is why no read could be made, with the
+    /// message asyncio reports it under.
+    Buffered { view: Option<BufferView>, error: Option<(PyErr, &'static str)> },
     /// A TLS connection (tls.rs): the socket's reads feed the session, and
     /// the application protocol (plain or buffered) gets what it decrypts.
     Tls(Box<super::tls::Tls>),
@@ -81,15 +82,7 @@ impl StreamCore {
             Reader::Plain | Reader::Tls(_) => None,
         });
         if let Some(protocol) = protocol {
-            let view = python::call_method(protocol.bind(py), python::protocol::get_buffer(py), (-1,))
-                .and_then(|b| BufferView::get(&b, true))
-                .and_then(|v| {
-                    if v.len() == 0 {
-                        Err(PyRuntimeError::new_err("get_buffer() returned an empty buffer"))
-                    } else {
-                        Ok(v)
-                    }
-                });
+            let view = lend_buffer(protocol.bind(py));
             return self.state.with(py, |st| {
                 let Reader::Buffered { view: slot, error } = &mut st.reader else {
                     // The protocol changed meanwhile: read nothing this time.
@@ -128,13 +121,10 @@ impl StreamCore {
             }
             return;
         }
-        if let Some(err) = get_buffer_error {
+        if let Some((err, message)) = get_buffer_error {
             self.stop_read(py);
-            let res = if is_fatal_base(py, &err) {
-                Err(err)
-            } else {
-                self.fatal_error(py, err, "Fatal error: protocol.get_buffer() call failed.")
-            };
+            let message = if message.is_empty() { self.msg_read_error(py) } else { message };
+            let res = if is_fatal_base(py, &err) { Err(err) } else { self.fatal_error(py, err, message) };
             if let Err(err) = res {
                 self.fail_in_callback(py, err);
             }
@@ -270,6 +260,32 @@ impl StreamCore {
         }
         self.schedule_connection_lost(py, None)
     }
+}
+
+/// What asyncio's `_read_ready__get_buffer` does before its `recv_into`:
+/// `get_buffer(-1)` and a check that the buffer is not empty (failures are
+/// "Fatal error: protocol.get_buffer() call failed."), then the writable
+/// memory, whose absence `recv_into` reports as a TypeError (reported as a
+/// read error: the empty message stands for the transport's own).
+fn lend_buffer(protocol: &Bound<'_, PyAny>) -> Result<BufferView, (PyErr, &'static str)> {
+    let py = protocol.py();
+    const GET_BUFFER_FAILED: &str = "Fatal error: protocol.get_buffer() call failed.";
+    let buf =
+        python::call_method(protocol, python::protocol::get_buffer(py), (-1,)).map_err(|e| (e, GET_BUFFER_FAILED))?;
+    match buf.len() {
+        Ok(0) => return Err((PyRuntimeError::new_err("get_buffer() returned an empty buffer"), GET_BUFFER_FAILED)),
+        Err(e) => return Err((e, GET_BUFFER_FAILED)),
+        Ok(_) => {}
+    }
+    BufferView::get(&buf, true).map_err(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyBufferError>(py) {
+            let name = buf.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            let msg = format!("recv_into() argument 1 must be read-write bytes-like object, not {name}");
+            (pyo3::exceptions::PyTypeError::new_err(msg), "")
+        } else {
+            (e, "")
+        }
+    })
 }
 
 unsafe extern "C" fn on_alloc(handle: *mut sys::uv_handle_t, _suggested: usize, buf: *mut sys::uv_buf_t) {

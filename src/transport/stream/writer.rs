@@ -197,7 +197,16 @@ enum WriteAction {
 
 impl StreamCore {
     pub(super) fn write_data(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (chunk, len) = to_chunk(data)?;
+        let (chunk, len) = match to_chunk(data) {
+            Ok(c) => c,
+            // A bytes-like object whose memory cannot be had (a view that
+            // is not contiguous): asyncio's send fails, which is a fatal
+            // error of the connection, not of the call.
+            Err(err) if err.is_instance_of::<pyo3::exceptions::PyBufferError>(py) => {
+                return self.fatal_error(py, err, self.msg_write_error(py));
+            }
+            Err(err) => return Err(err),
+        };
         let action = self.state.with(py, |st| -> PyResult<Option<WriteAction>> {
             if st.eof {
                 return Err(PyRuntimeError::new_err("Cannot call write() after write_eof()"));
