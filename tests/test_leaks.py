@@ -648,3 +648,23 @@ def test_cycles_through_many_held_handles_are_collected(loop):
     assert ran == n
     gc.collect()
     assert sum(ref() is not None for ref in holders) == 0
+
+
+def test_memory_goes_back_after_a_burst_of_timers(loop):
+    # A million timers scheduled and cancelled: once they are gone the heap,
+    # the queues and the pools give the memory back (a heap keeping its
+    # peak capacity held 100+ MiB for good).
+    async def main():
+        before = rss_bytes()
+        handles = [loop.call_later(3600 + i * 1e-6, print) for i in range(1_000_000)]
+        await asyncio.sleep(0)
+        for h in handles:
+            h.cancel()
+        del handles
+        for _ in range(3):
+            await asyncio.sleep(0.01)  # blocking polls prune the heap
+        gc.collect()
+        return rss_bytes() - before
+
+    growth = run(loop, main(), timeout=60)
+    assert growth < 40 * MiB, f"RSS stayed {growth / MiB:.1f} MiB above where it was"

@@ -286,8 +286,18 @@ fn run_ready(slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<()> {
         drop(cb);
         item.let_go();
     }
+    // After a burst, the queue's memory goes back once it is mostly empty.
+    shared.state.with(py, |st| {
+        let cap = st.ready.capacity();
+        if cap > READY_KEEP && st.ready.len() < cap / 8 {
+            st.ready.shrink_to(READY_KEEP.max(st.ready.len() * 2));
+        }
+    });
     Ok(())
 }
+
+/// Capacity the ready queue keeps however empty it gets (16 KiB).
+const READY_KEEP: usize = 1024;
 
 #[cfg(test)]
 mod tests {
