@@ -586,7 +586,8 @@ def tls_lines(report: Dict[str, Any]) -> List[str]:
             if l in unavailable:
                 continue
             paths = _tls_paths(res[w]["samples"].get(l, []) + res[w]["warmups"].get(l, []))
-            L.append(f"- {w} / {l}: {paths or 'none reported (' + (error_text(res[w]['stats'][l]) or 'no samples') + ')'}")
+            why = error_text(res[w]["stats"][l]) or "no samples"
+            L.append(f"- {w} / {l}: {paths or f'none reported ({why})'}")
     L.append("")
     return L
 
