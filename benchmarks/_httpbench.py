@@ -389,11 +389,15 @@ def server_sample(cmd: List[str], route: str, a: Any,
         ready = proc.wait_marker(READY, a.start_timeout)
         if ready is None:
             proc.kill()
+            # a loop without TLS (rloop raises NotImplementedError for ssl=)
+            if proc.stderr_tail().rstrip().endswith("NotImplementedError"):
+                s["error"] = ("unsupported: the server's loop raised NotImplementedError "
+                              f"starting to listen ({rc_text(proc.proc.poll())})")
+                s["error_short"] = "unsupported"
+                return s
             s["error"] = (f"server did not start ({rc_text(proc.proc.poll())}): "
                           f"{proc.stderr_tail(300)}")
-            # a loop without TLS (rloop raises NotImplementedError for ssl=)
-            s["error_short"] = ("unsupported" if proc.stderr_tail().rstrip().endswith(
-                "NotImplementedError") else "no start")
+            s["error_short"] = "no start"
             return s
         s["server"] = ready
         port = int(ready["port"])

@@ -5,7 +5,7 @@ process workloads, one fresh process per sample.
 Usage (from the repository root)::
 
     python3 benchmarks/compare.py                 # all loops, all workloads, 5 samples
-    python3 benchmarks/compare.py --quick         # ~4-5 minutes: 3 samples, half sizes
+    python3 benchmarks/compare.py --quick         # 3 samples, half sizes (minutes; see below)
     python3 benchmarks/compare.py --loops uvloop,zuvrs --workloads call_soon,timers_fire
     python3 benchmarks/compare.py --samples 9 --json run.json --markdown run.md
     python3 benchmarks/compare.py --size call_soon=200000 --timeout 60
@@ -60,13 +60,17 @@ untimed connection on a throwaway loop of the same kind
 (``workloads._prelude``): without it, asyncio's first connection in a fresh
 process runs at about half speed (glibc mmap()s, mremap()s and munmap()s
 its 256 KiB read buffers on every read until the first EOF read frees one
-whole), which no long-running server sees.
+whole), which no long-running server sees. For the TLS workloads that
+connection is a TLS one, which also puts OpenSSL past the algorithm
+fetches of a process's first handshake.
 ``--no-prelude`` turns it off (diagnostic).
 
 Options: ``--loops``, ``--workloads``, ``--samples K`` (default 5),
 ``--warmups`` (default 1), ``--quick`` (3 samples, half sizes: about 1-2
 minutes for the scheduling workloads and 2-3 for the network ones with four
-loops; rloop's network failures cost 2-5 s each), ``--scale F`` / ``--size NAME=N``
+loops; rloop's network failures cost 2-5 s each; the TLS, HTTP keep-alive,
+WebSocket and flow-controlled bulk workloads add some more, not yet timed
+on a quiet machine), ``--scale F`` / ``--size NAME=N``
 (sizes), ``--timeout S`` (per sample), ``--cpus 0`` (pin every sample),
 ``--python PATH`` (interpreter for samples), ``--no-gc`` (diagnostic only,
 never a headline), ``--no-prelude`` (diagnostic), ``--gc-time`` (time the
@@ -879,7 +883,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="warm-up processes per loop and workload, not counted")
     ap.add_argument("--quick", action="store_true",
                     help=f"{QUICK_SAMPLES} samples and sizes x{QUICK_SCALE} "
-                         "(about 4-5 minutes for everything)")
+                         "(minutes; see the module docstring)")
     ap.add_argument("--scale", type=float, default=None,
                     help="multiply every default size by this")
     ap.add_argument("--size", action="append", default=[], metavar="NAME=N",

@@ -31,9 +31,10 @@ workloads (TCP and Unix echo, bulk, short connections, getaddrinfo, split
 writes, flow-controlled bulk, HTTP/1.1 keep-alive, WebSocket echo, and
 the TLS 1.3 ones: echo, bulk, handshakes, HTTP, WebSocket) run a server
 and its client on the same loop, in one process; see the "Network
-workloads" section and "TLS material". The datagram, pipe and process workloads
-(UDP echo, pipe echo, child spawns, a child's stdout through a PIPE) follow
-the same rules; see the "Datagram, pipe and process workloads" section.
+workloads" section and "TLS material". The datagram, pipe and process
+workloads (UDP echo, pipe echo, child spawns, a child's stdout through a
+PIPE) follow the same rules; see the "Datagram, pipe and process
+workloads" section.
 
 Nothing here depends on a particular loop: loops are reached only through
 ``loop_factory`` (see ``get_loop_factory``). Runs on CPython 3.10 - 3.14.
@@ -810,16 +811,18 @@ def tls_path(transport: Any) -> str:
 def _note_tls(info: Dict[str, Any], side: str, transport: Any,
               first: bool = True) -> int:
     """1 if the connection runs TLS 1.3 and (client side) its peer's
-    certificate was verified and names TLS_HOSTNAME, else 0 (and a note
-    in info). The first call per side records the TLS path, version and
-    cipher in info."""
+    certificate was verified and names TLS_HOSTNAME, and the handshake was
+    a full one (no session resumed), else 0 (and a note in info). The
+    first call per side records the TLS path, version and cipher in
+    info."""
     try:
         sslobj = transport.get_extra_info("ssl_object")
         version = sslobj.version() if sslobj is not None else None
         ok = version == "TLSv1.3"
         if side == "client":
             cert = transport.get_extra_info("peercert") or {}
-            ok = ok and ("DNS", TLS_HOSTNAME) in cert.get("subjectAltName", ())
+            ok = (ok and ("DNS", TLS_HOSTNAME) in cert.get("subjectAltName", ())
+                  and not sslobj.session_reused)
         if first:
             info.setdefault(f"tls_path_{side}", tls_path(transport))
             if side == "client":
