@@ -239,11 +239,21 @@ def rc_text(rc: Optional[int]) -> str:
 # ---- checking a route --------------------------------------------------------
 
 
-def http_get(port: int, path: str, timeout: float = 5.0) -> Dict[str, Any]:
+def http_get(port: int, path: str, timeout: float = 5.0,
+             tls: Any = None) -> Dict[str, Any]:
     """One GET with exactly wrk's request line and headers; returns status,
-    the response's total size, the body and whether it could be parsed."""
+    the response's total size, the body and whether it could be parsed.
+    With ``tls`` (a client SSLContext), over TLS to host name
+    workloads.TLS_HOSTNAME (verified), and the TLS version and cipher
+    negotiated."""
     req = f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n".encode()
-    with socket.create_connection((HOST, port), timeout=timeout) as s:
+    tls_info = None
+    with socket.create_connection((HOST, port), timeout=timeout) as raw:
+        s = (tls.wrap_socket(raw, server_hostname=workloads.TLS_HOSTNAME)
+             if tls is not None else raw)
+        if tls is not None:
+            c = s.cipher()
+            tls_info = f"{s.version()} {c[0] if c else None}"
         s.sendall(req)
         buf = b""
         while b"\r\n\r\n" not in buf:
@@ -267,14 +277,19 @@ def http_get(port: int, path: str, timeout: float = 5.0) -> Dict[str, Any]:
                 raise ConnectionError("closed in the body")
             rest += chunk
     return {"status": status, "size": len(head) + 4 + clen, "body": rest[:clen],
-            "headers": {k.decode(): v.decode("latin-1") for k, v in headers.items()}}
+            "headers": {k.decode(): v.decode("latin-1") for k, v in headers.items()},
+            "tls": tls_info}
 
 
-def check_route(port: int, path: str) -> Tuple[Optional[int], Optional[str]]:
+def check_route(port: int, path: str, tls: Any = None,
+                note: Optional[Dict[str, Any]] = None) -> Tuple[Optional[int], Optional[str]]:
     """(response size, None) if the route answers 200 with the exact body;
-    (None, why) otherwise."""
+    (None, why) otherwise. ``tls``: see http_get; ``note`` gets the TLS
+    version and cipher."""
     try:
-        r = http_get(port, path)
+        r = http_get(port, path, tls=tls)
+        if note is not None and r.get("tls"):
+            note["tls"] = r["tls"]
     except Exception as exc:
         return None, f"GET {path}: {exc!r}"
     if r["status"] != 200:
@@ -335,10 +350,12 @@ def cleanup() -> None:
 
 
 def run_wrk(port: int, path: str, duration: float, connections: int,
-            threads: int, cpu: Optional[str]) -> Dict[str, Any]:
+            threads: int, cpu: Optional[str], scheme: str = "http") -> Dict[str, Any]:
+    """wrk against scheme://127.0.0.1:port/path (with https, wrk's own
+    OpenSSL client: it does not verify the certificate)."""
     cmd = [wrk_path() or "wrk", "-t", str(threads), "-c", str(connections),
            "-d", f"{max(1, int(round(duration)))}s", "--timeout", "5s",
-           "-s", _lua_file(), f"http://{HOST}:{port}{path}"]
+           "-s", _lua_file(), f"{scheme}://{HOST}:{port}{path}"]
     if cpu is not None and shutil.which("taskset"):
         cmd = ["taskset", "-c", cpu] + cmd
     try:
@@ -366,11 +383,18 @@ def server_sample(cmd: List[str], route: str, a: Any,
     """
     path, _ = ROUTES[route]
     s: Dict[str, Any] = {"ok": False, "route": route}
+    tls = getattr(a, "tls_client_context", None)  # https (uvicorn_bench --ssl)
     proc = Proc(cmd, a.server_cpu, env=env)
     try:
         ready = proc.wait_marker(READY, a.start_timeout)
         if ready is None:
             proc.kill()
+            # a loop without TLS (rloop raises NotImplementedError for ssl=)
+            if proc.stderr_tail().rstrip().endswith("NotImplementedError"):
+                s["error"] = ("unsupported: the server's loop raised NotImplementedError "
+                              f"starting to listen ({rc_text(proc.proc.poll())})")
+                s["error_short"] = "unsupported"
+                return s
             s["error"] = (f"server did not start ({rc_text(proc.proc.poll())}): "
                           f"{proc.stderr_tail(300)}")
             s["error_short"] = "no start"
@@ -378,16 +402,17 @@ def server_sample(cmd: List[str], route: str, a: Any,
         s["server"] = ready
         port = int(ready["port"])
         verify = 0
-        size, why = check_route(port, path)
+        size, why = check_route(port, path, tls, s)
         verify += 1
         if size is None:
             s["error"], s["error_short"] = why, "wrong response"
             return s
         s["response_size"] = size
-        w = run_wrk(port, path, a.duration, a.connections, a.threads, a.client_cpu)
+        w = run_wrk(port, path, a.duration, a.connections, a.threads, a.client_cpu,
+                    "https" if tls is not None else "http")
         s["wrk"] = w
         alive = proc.proc.poll()
-        size2, why2 = check_route(port, path) if alive is None else (None, "server gone")
+        size2, why2 = check_route(port, path, tls) if alive is None else (None, "server gone")
         verify += 1
         if "error" in w:
             s["error"], s["error_short"] = w["error"], "wrk error"
@@ -413,6 +438,8 @@ def server_sample(cmd: List[str], route: str, a: Any,
         stopped = st.get("stopped") or {}
         served = stopped.get("served", {}).get(path)
         s["served"] = served
+        if stopped.get("tls_paths") is not None:
+            s["tls_paths"] = stopped["tls_paths"]
         if st["killed"] or not stopped:
             problems.append(f"server did not stop cleanly ({rc_text(st['rc'])}"
                             f"{', killed' if st['killed'] else ''})")

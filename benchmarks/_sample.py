@@ -142,6 +142,14 @@ def probe(name: str) -> int:
     return 0
 
 
+def _openssl_version() -> str | None:
+    try:
+        import ssl
+    except ImportError:
+        return None
+    return ssl.OPENSSL_VERSION
+
+
 def probe_env() -> int:
     """The interpreter and process settings that samples will run with."""
     import platform
@@ -162,6 +170,7 @@ def probe_env() -> int:
         "gc_enabled": gc.isenabled(),
         "gc_threshold": list(gc.get_threshold()),
         "switch_interval": sys.getswitchinterval(),
+        "openssl": _openssl_version(),
         "env": {k: v for k, v in os.environ.items()
                 if k.startswith("PYTHON") and k not in ("PYTHONPATH",)},
     }

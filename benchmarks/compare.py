@@ -5,7 +5,7 @@ process workloads, one fresh process per sample.
 Usage (from the repository root)::
 
     python3 benchmarks/compare.py                 # all loops, all workloads, 5 samples
-    python3 benchmarks/compare.py --quick         # ~4-5 minutes: 3 samples, half sizes
+    python3 benchmarks/compare.py --quick         # 3 samples, half sizes (minutes; see below)
     python3 benchmarks/compare.py --loops uvloop,zuvrs --workloads call_soon,timers_fire
     python3 benchmarks/compare.py --samples 9 --json run.json --markdown run.md
     python3 benchmarks/compare.py --size call_soon=200000 --timeout 60
@@ -13,6 +13,8 @@ Usage (from the repository root)::
         unix_echo_streams,short_connections,getaddrinfo_numeric,split_writes_one,split_writes_two
     python3 benchmarks/compare.py --quick --workloads udp_echo,unix_dgram_echo,subprocess_spawn,\
         subprocess_pipe_output,pipe_roundtrip
+    python3 benchmarks/compare.py --workloads tcp_echo_streams,tls_echo_streams,tcp_bulk,tls_bulk,\
+        tls_handshakes,http_keepalive,tls_http_keepalive,websocket,tls_websocket,tcp_bulk_flow
 
 What it does:
 
@@ -40,6 +42,11 @@ What it does:
   options the loop left (TCP_NODELAY, SO_SNDBUF, SO_RCVBUF) and how reads
   were split; with both split_writes workloads, a "split / single" table
   gives each loop's throughput with two writes per response over one.
+  With TLS workloads, a "TLS" section gives each loop's TLS / plain ratio
+  for every TLS workload run with its plain counterpart
+  (workloads.TLS_PAIRS), which TLS path each loop's connections took
+  (zuvrs: ``native`` or ``sslproto: <why>``; others: the transport class),
+  the negotiated version and cipher, and the OpenSSL version.
 * Each sample records which build of its loop it ran (size and mtime of the
   extension module); if a loop was reinstalled during the run, or the load
   average says the machine was busy, the report says so at the top. A
@@ -53,13 +60,17 @@ untimed connection on a throwaway loop of the same kind
 (``workloads._prelude``): without it, asyncio's first connection in a fresh
 process runs at about half speed (glibc mmap()s, mremap()s and munmap()s
 its 256 KiB read buffers on every read until the first EOF read frees one
-whole), which no long-running server sees.
+whole), which no long-running server sees. For the TLS workloads that
+connection is a TLS one, which also puts OpenSSL past the algorithm
+fetches of a process's first handshake.
 ``--no-prelude`` turns it off (diagnostic).
 
 Options: ``--loops``, ``--workloads``, ``--samples K`` (default 5),
 ``--warmups`` (default 1), ``--quick`` (3 samples, half sizes: about 1-2
 minutes for the scheduling workloads and 2-3 for the network ones with four
-loops; rloop's network failures cost 2-5 s each), ``--scale F`` / ``--size NAME=N``
+loops; rloop's network failures cost 2-5 s each; the TLS, HTTP keep-alive,
+WebSocket and flow-controlled bulk workloads add some more, not yet timed
+on a quiet machine), ``--scale F`` / ``--size NAME=N``
 (sizes), ``--timeout S`` (per sample), ``--cpus 0`` (pin every sample),
 ``--python PATH`` (interpreter for samples), ``--no-gc`` (diagnostic only,
 never a headline), ``--no-prelude`` (diagnostic), ``--gc-time`` (time the
@@ -95,6 +106,31 @@ pytest-codspeed suite ``benchmarks/test_benchmarks.py``)::
     split_writes_one    20,000 request / 1 KiB response round trips, the
                         Protocol server answers with one write()
     split_writes_two    the same with two writes (header, then body)
+    tcp_bulk_flow       512 MiB over one TCP connection from a Protocol
+                        writer (256 KiB writes, stops at pause_writing, goes
+                        on at resume_writing; its transport's buffer must
+                        stay under 16 MiB) -> Protocol, in MiB/s
+    http_keepalive      8,000 HTTP/1.1 GETs over 16 keep-alive connections
+                        (500 each, one at a time): a hand-parsing Protocol
+                        server answering 4 KiB bodies after 8 SHA-256
+                        passes over each, a streams client checking status,
+                        X-Seq, X-Digest and body; every close seen
+    websocket           8,000 echo round trips with the websockets library
+                        (its asyncio server and client, library defaults:
+                        permessage-deflate), 16 ws:// connections, binary
+                        messages of 32 / 256 / 4,096 bytes in turn,
+                        CRC-32 checked, every close code 1000
+
+    TLS 1.3 (certificates made once per sample process with `cryptography`,
+    EC P-256, outside the timed region; the client verifies the chain and
+    the host name "localhost"; every connection's version and verified
+    peer certificate checked):
+    tls_echo_streams    tcp_echo_streams over TLS
+    tls_bulk            512 MiB over one TLS connection (as tcp_bulk), MiB/s
+    tls_handshakes      1,024 fresh connections, 16 concurrent: a full
+                        handshake, one small request/reply, close
+    tls_http_keepalive  http_keepalive over 16 TLS connections
+    tls_websocket       websocket over wss://
 
     datagrams, pipes, child processes (the loop under test does both ends):
     udp_echo               20,000 round trips of 512-byte datagrams between
@@ -491,6 +527,75 @@ def info_lines(wr: Dict[str, Any], loops: List[str]) -> List[str]:
     return lines
 
 
+def _tls_paths(samples: List[Dict[str, Any]]) -> str:
+    """The TLS paths (client, server) and the negotiated version and cipher
+    that a cell's samples reported, e.g. "native / native (TLSv1.3
+    TLS_AES_256_GCM_SHA384)"; several if they differ between samples."""
+    seen: List[str] = []
+    for s in samples:
+        i = s.get("info")
+        if not isinstance(i, dict) or "tls_path_client" not in i and "tls_path_server" not in i:
+            continue
+        t = (f"{i.get('tls_path_client', '?')} / {i.get('tls_path_server', '?')}"
+             + (f" ({i['tls']})" if i.get("tls") else ""))
+        if t not in seen:
+            seen.append(t)
+    return "; ".join(seen)
+
+
+def tls_lines(report: Dict[str, Any]) -> List[str]:
+    """The "TLS / plain" table (per loop, each TLS workload's throughput
+    over its plain counterpart's) and which TLS path each loop's
+    connections took, with the OpenSSL version."""
+    res = report["results"]
+    loops: List[str] = report["loops"]
+    unavailable: Dict[str, str] = report["unavailable"]
+    tls_names = [w for w in res if w.startswith("tls_")]
+    if not tls_names:
+        return []
+    L: List[str] = ["## TLS", ""]
+    openssl = report["provenance"]["python"].get("openssl") or "unknown"
+    L.append(f"TLS 1.3 over 127.0.0.1, the client verifying the chain and the host name; "
+             f"the `ssl` module's {openssl} (zuvrs' native TLS drives the same library "
+             f"through `_ssl`).")
+    L.append("")
+    pairs = [(t, p) for t, p in workloads.TLS_PAIRS if t in res and p in res]
+    if pairs:
+        L.append("TLS / plain: each TLS workload's median throughput over its plain "
+                 "counterpart's, per loop (1.00x means TLS costs nothing).")
+        L.append("")
+        head = ["loop"] + [f"{t} / {p}" for t, p in pairs]
+        L.append("| " + " | ".join(head) + " |")
+        L.append("|---|" + "|".join(["---:"] * len(pairs)) + "|")
+        for l in loops:
+            if l in unavailable:
+                L.append(f"| {l} | " + " | ".join(["not installed"] * len(pairs)) + " |")
+                continue
+            cells = [l]
+            for t, p in pairs:
+                a, b = res[t]["stats"].get(l), res[p]["stats"].get(l)
+                bad = status_text(a, None) or status_text(b, None)
+                if bad and (not a or not b or a["n_ok"] == 0 or b["n_ok"] == 0):
+                    cells.append(bad)
+                else:
+                    cells.append(ratio(a, b))
+            L.append("| " + " | ".join(cells) + " |")
+        L.append("")
+    L.append("TLS path per loop (client / server transport: zuvrs says `native` or "
+             "`sslproto: <why>`, other loops their transport class) and the negotiated "
+             "version and cipher:")
+    L.append("")
+    for w in tls_names:
+        for l in loops:
+            if l in unavailable:
+                continue
+            paths = _tls_paths(res[w]["samples"].get(l, []) + res[w]["warmups"].get(l, []))
+            why = error_text(res[w]["stats"][l]) or "no samples"
+            L.append(f"- {w} / {l}: {paths or f'none reported ({why})'}")
+    L.append("")
+    return L
+
+
 def render_markdown(report: Dict[str, Any]) -> str:
     loops: List[str] = report["loops"]
     unavailable: Dict[str, str] = report["unavailable"]
@@ -617,6 +722,9 @@ def render_markdown(report: Dict[str, Any]) -> str:
             L.append("| " + " | ".join(cells) + " |")
         L.append("")
 
+    # ---- TLS / plain ----
+    L.extend(tls_lines(report))
+
     # ---- details ----
     L.append("## Details per workload")
     L.append("")
@@ -704,6 +812,7 @@ def render_markdown(report: Dict[str, Any]) -> str:
         L.append(f"env            {py.get('env')}")
     L.append(f"GC             enabled={py.get('gc_enabled')} threshold={py.get('gc_threshold')}"
              f" (samples: {report['gc_in_samples']})")
+    L.append(f"OpenSSL        {py.get('openssl', 'unknown')} (the ssl module's)")
     for l in loops:
         pr = p["loops"].get(l, {})
         if not pr.get("available"):
@@ -774,7 +883,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="warm-up processes per loop and workload, not counted")
     ap.add_argument("--quick", action="store_true",
                     help=f"{QUICK_SAMPLES} samples and sizes x{QUICK_SCALE} "
-                         "(about 4-5 minutes for everything)")
+                         "(minutes; see the module docstring)")
     ap.add_argument("--scale", type=float, default=None,
                     help="multiply every default size by this")
     ap.add_argument("--size", action="append", default=[], metavar="NAME=N",

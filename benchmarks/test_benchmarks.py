@@ -44,6 +44,14 @@ SIZES = {
     "getaddrinfo_numeric": 500,
     "split_writes_one": 500,
     "split_writes_two": 500,
+    "tcp_bulk_flow": 4,  # MiB
+    "http_keepalive": 160,  # 10 per connection
+    "websocket": 96,  # 6 per connection, each size twice
+    "tls_echo_streams": 200,
+    "tls_bulk": 4,  # MiB
+    "tls_handshakes": 32,  # two rounds of 16 concurrent
+    "tls_http_keepalive": 160,
+    "tls_websocket": 96,
     "udp_echo": 500,
     "unix_dgram_echo": 500,
     "subprocess_spawn": 10,
@@ -101,7 +109,8 @@ _RLOOP_NO_EOF = "rloop does not deliver the peer's close (EOF)"
 KNOWN_FAILURES = {
     ("rloop", w): _RLOOP_NO_EOF
     for w in ("tcp_echo_streams", "tcp_echo_protocol", "tcp_bulk",
-              "short_connections", "split_writes_one", "split_writes_two")
+              "short_connections", "split_writes_one", "split_writes_two",
+              "tcp_bulk_flow", "http_keepalive")
 }
 
 
@@ -213,6 +222,51 @@ def test_split_writes_one(benchmark, loop_name: str) -> None:
 @pytest.mark.benchmark
 def test_split_writes_two(benchmark, loop_name: str) -> None:
     _bench(benchmark, "split_writes_two", loop_name)
+
+
+@pytest.mark.benchmark
+def test_tcp_bulk_flow(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "tcp_bulk_flow", loop_name)
+
+
+@pytest.mark.benchmark
+def test_http_keepalive(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "http_keepalive", loop_name)
+
+
+@pytest.mark.benchmark
+def test_websocket(benchmark, loop_name: str) -> None:
+    pytest.importorskip("websockets.asyncio.client")
+    _bench(benchmark, "websocket", loop_name)
+
+
+# TLS 1.3 (rloop has no TLS: unsupported, skipped)
+
+
+@pytest.mark.benchmark
+def test_tls_echo_streams(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "tls_echo_streams", loop_name)
+
+
+@pytest.mark.benchmark
+def test_tls_bulk(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "tls_bulk", loop_name)
+
+
+@pytest.mark.benchmark
+def test_tls_handshakes(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "tls_handshakes", loop_name)
+
+
+@pytest.mark.benchmark
+def test_tls_http_keepalive(benchmark, loop_name: str) -> None:
+    _bench(benchmark, "tls_http_keepalive", loop_name)
+
+
+@pytest.mark.benchmark
+def test_tls_websocket(benchmark, loop_name: str) -> None:
+    pytest.importorskip("websockets.asyncio.client")
+    _bench(benchmark, "tls_websocket", loop_name)
 
 
 @pytest.mark.benchmark
@@ -408,6 +462,72 @@ def test_stalled_exchange_is_reported_not_hung(monkeypatch) -> None:
     assert not result["ok"]
     assert result["parity"]["round_trips"] == 0
     assert "guard" in result["info"]
+
+
+def test_flow_receiver_catches_lost_and_repeated_bytes() -> None:
+    """tcp_bulk_flow's receiver (the pattern restarting every 256 KiB)
+    flags a piece after a lost piece or a repeated one, and passes the
+    intact stream, across chunk boundaries."""
+    chunk = bytes(i % workloads.BULK_PERIOD for i in range(workloads.FLOW_CHUNK))
+    stream = chunk * 3
+    pieces = [stream[i:i + 70_000] for i in range(0, len(stream), 70_000)]
+
+    def feed(seq: list) -> "workloads.BulkReceiverProtocol":
+        r = workloads.FlowBulkReceiverProtocol(_Done(), {})
+        for p in seq:
+            r.data_received(p)
+        return r
+
+    ok = feed(pieces)
+    assert ok.mismatches == 0 and ok.pos == len(stream)
+    assert feed(pieces[:3] + pieces[4:]).mismatches > 0  # one lost
+    assert feed(pieces[:4] + pieces[3:]).mismatches > 0  # one repeated
+
+
+def test_http_client_catches_skipped_work(monkeypatch) -> None:
+    """http_keepalive's client checks X-Digest: a server that skips its
+    SHA-256 work for one response (a wrong digest) fails the parity."""
+    import asyncio
+
+    real = workloads._digest8
+    calls = [0]
+
+    def digest8(body: bytes) -> bytes:
+        calls[0] += 1
+        # the client's 64 digests come first; then the server's, one per request
+        return b"0" * 64 if calls[0] == 64 + 5 else real(body)
+
+    monkeypatch.setattr(workloads, "_digest8", digest8)
+    result = workloads.http_keepalive(asyncio.new_event_loop, 32)
+    assert result["parity"]["responses"] == 32
+    assert result["parity"]["verified"] == 31
+    assert not result["ok"]
+
+
+def test_tls_client_verifies_host_name() -> None:
+    """The TLS workloads' client context verifies the server's chain and
+    host name: asking the benchmark server for another name fails the
+    handshake; asking for "localhost" succeeds with TLS 1.3."""
+    import asyncio
+    import ssl
+
+    async def main(name: str) -> str:
+        skw, ckw = workloads._tls_kwargs()
+        server = await asyncio.start_server(lambda r, w: w.close(),
+                                            workloads.HOST, 0, **skw)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            _, w = await asyncio.open_connection(
+                workloads.HOST, port, ssl=ckw["ssl"], server_hostname=name)
+            version = w.get_extra_info("ssl_object").version()
+            w.close()
+            return version
+        finally:
+            server.close()
+
+    assert asyncio.run(main("localhost")) == "TLSv1.3"
+    with pytest.raises(ssl.SSLCertVerificationError):
+        asyncio.run(main("other.example"))
 
 
 # ---- datagram, pipe and process parity checks ---------------------------

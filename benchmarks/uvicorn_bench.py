@@ -7,6 +7,7 @@ Usage (from the repository root)::
     python3 benchmarks/uvicorn_bench.py --samples 3 --duration 3
     python3 benchmarks/uvicorn_bench.py --loops uvloop,zuvrs --routes plaintext
     python3 benchmarks/uvicorn_bench.py --http h11           # diagnostic only
+    python3 benchmarks/uvicorn_bench.py --ssl                # https, wrk https://
 
 Needs uvicorn and httptools (``pip install uvicorn httptools``), ``wrk``
 (``apt-get install -y wrk``) and ``taskset``.
@@ -28,6 +29,17 @@ Output (stdout, markdown): median requests/s per loop and route, ratios
 zuvrs/uvloop, zuvrs/asyncio, zuvrs/rloop from medians, per route median /
 min / max / CV and median p99 latency, the HTTP parser every server
 reported (httptools or h11), errors, provenance. Progress goes to stderr.
+
+``--ssl``: the same over https. The driver makes one certificate (EC P-256,
+a CA and a server certificate for localhost / 127.0.0.1, with
+``cryptography``; workloads.tls_material) and every server gets it through
+uvicorn's ``ssl_certfile`` / ``ssl_keyfile`` (uvicorn's default TLS
+context); wrk loads ``https://127.0.0.1:<port>/...`` (Debian's wrk is built
+with OpenSSL; it does not verify the certificate). The route checks before
+and after the load are TLS 1.3 connections that verify the chain and the
+host name. Each server counts its connections by TLS path (zuvrs:
+``native`` or ``sslproto: <why>``; others: the transport class) and TLS
+version, reported under "Servers and parsers seen".
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ import asyncio
 import os
 import sys
 import time
+from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -47,8 +60,11 @@ import workloads  # noqa: E402
 # ---- the server process ---------------------------------------------------
 
 
-def serve(loop_name: str, http: str) -> int:
+def serve(loop_name: str, http: str, certfile: Optional[str] = None,
+          keyfile: Optional[str] = None, cpu: Optional[str] = None) -> int:
     import uvicorn
+
+    affinity = hb.pin_self(cpu)  # os.sched_setaffinity (aiohttp_bench's client mode)
 
     served = {path: 0 for path in hb.PATH_BODY}
     responses = {}
@@ -80,8 +96,25 @@ def serve(loop_name: str, http: str) -> int:
     factory = workloads.get_loop_factory(loop_name)
     config = uvicorn.Config(app, host=hb.HOST, port=0, loop="none", http=http,
                             lifespan="off", access_log=False,
-                            log_level="warning", interface="asgi3")
+                            log_level="warning", interface="asgi3",
+                            ssl_certfile=certfile, ssl_keyfile=keyfile)
     server = uvicorn.Server(config)
+    tls_paths: Dict[str, int] = {}
+    if certfile:
+        # which TLS path (zuvrs: native or sslproto) and version each
+        # connection took: counted in connection_made, once per connection
+        config.load()
+        base = config.http_protocol_class
+
+        class Counting(base):  # type: ignore[misc, valid-type]
+            def connection_made(self, transport: Any) -> None:
+                obj = transport.get_extra_info("ssl_object")
+                key = (f"{workloads.tls_path(transport)} "
+                       f"{obj.version() if obj is not None else 'no TLS'}")
+                tls_paths[key] = tls_paths.get(key, 0) + 1
+                super().connection_made(transport)
+
+        config.http_protocol_class = Counting
     loop = factory()
     asyncio.set_event_loop(loop)
 
@@ -96,6 +129,8 @@ def serve(loop_name: str, http: str) -> int:
             await asyncio.sleep(0.01)
         if server.started:
             cls = config.http_protocol_class
+            if tls_paths is not None and certfile:
+                cls = cls.__mro__[1]  # the counting subclass's base
             qual = f"{cls.__module__}.{cls.__qualname__}"
             parser = ("httptools" if "httptools" in cls.__module__ else
                       "h11" if "h11" in cls.__module__ else qual)
@@ -112,14 +147,18 @@ def serve(loop_name: str, http: str) -> int:
                 "uvicorn": uvicorn.__version__,
                 "loop": loop_name,
                 "build_id": hb.build_id(loop_name),
-                "affinity": hb.pin_self(None),
+                "affinity": affinity,
+                "tls": bool(certfile),
             })
         await task
 
     try:
         loop.run_until_complete(main())
     finally:
-        hb.emit(hb.STOPPED, {"served": served})
+        stopped: Dict[str, Any] = {"served": served}
+        if certfile:
+            stopped["tls_paths"] = tls_paths
+        hb.emit(hb.STOPPED, stopped)
         loop.close()
     return 0
 
@@ -138,10 +177,16 @@ def main(argv=None) -> int:
     ap.add_argument("--http", default="httptools", choices=("httptools", "h11"),
                     help="uvicorn's HTTP implementation (default httptools; "
                          "h11 is a diagnostic, not a headline)")
+    ap.add_argument("--ssl", action="store_true",
+                    help="serve https (uvicorn's ssl_certfile / ssl_keyfile, a "
+                         "certificate made at start) and load it with wrk https://")
+    ap.add_argument("--ssl-certfile", help=argparse.SUPPRESS)
+    ap.add_argument("--ssl-keyfile", help=argparse.SUPPRESS)
+    ap.add_argument("--pin", help=argparse.SUPPRESS)  # serve: sched_setaffinity
     hb.add_common_args(ap)
     a = ap.parse_args(argv)
     if a.serve:
-        return serve(a.serve, a.http)
+        return serve(a.serve, a.http, a.ssl_certfile, a.ssl_keyfile, a.pin)
 
     loops = [x.strip() for x in a.loops.split(",") if x.strip()]
     routes = [x.strip() for x in a.routes.split(",") if x.strip()]
@@ -163,26 +208,51 @@ def main(argv=None) -> int:
                 f"{a.duration:g} s, wrk -t{a.threads} -c{a.connections}, server CPU "
                 f"{a.server_cpu}, wrk CPU {a.client_cpu}")
 
+    ssl_args: List[str] = []
+    if a.ssl:
+        # one certificate for the run, made before any sample (the driver
+        # removes it at exit); the route checks verify it, wrk does not
+        files = workloads.tls_material()
+        ssl_args = ["--ssl-certfile", files["cert"], "--ssl-keyfile", files["key"]]
+        a.tls_client_context = workloads.tls_contexts()[1]
+
     def sample(loop_name: str, route: str):  # type: ignore[no-untyped-def]
         return hb.server_sample([a.python, os.path.abspath(__file__), "--serve",
-                                 loop_name, "--http", a.http], route, a)
+                                 loop_name, "--http", a.http] + ssl_args, route, a)
 
-    res = hb.run_matrix("uvicorn", avail, routes, sample, a)
+    res = hb.run_matrix("uvicorn-https" if a.ssl else "uvicorn", avail, routes, sample, a)
     seen = set()
     for cr in res.values():
         for l, samples in cr["samples"].items():
+            tls_seen: Dict[str, int] = {}
             for s in samples + cr["warmups"][l]:
                 srv = s.get("server")
                 if srv:
                     seen.add(f"{l}: loop {srv.get('loop_type')}, uvicorn {srv.get('uvicorn')}, "
                              f"HTTP protocol {srv.get('http_protocol')}, parser "
                              f"**{srv.get('parser')}**, server affinity {srv.get('affinity')}")
+                for k, v in (s.get("tls_paths") or {}).items():
+                    tls_seen[k] = tls_seen.get(k, 0) + v
+                if s.get("tls"):
+                    tls_seen.setdefault(f"(route check: {s['tls']})", 0)
+            if a.ssl:
+                seen.add(f"{l}: TLS connections by path and version (server side, all "
+                         f"samples of the route): " + (", ".join(
+                             f"{k} x{v}" if v else k for k, v in sorted(tls_seen.items()))
+                             or "none reported"))
     notes = []
     if a.http != "httptools":
         notes.append(f"**uvicorn http={a.http}: DIAGNOSTIC run, not a headline**")
+    if a.ssl:
+        notes.append(f"https: uvicorn's ssl_certfile / ssl_keyfile (EC P-256 certificate for "
+                     f"localhost / 127.0.0.1 made at start; uvicorn's default context), "
+                     f"`wrk https://` (wrk's OpenSSL, no verification); the route checks "
+                     f"verify the chain and host name. OpenSSL (ssl module): "
+                     f"{prov['python'].get('openssl')}.")
     report = {
-        "title": "uvicorn benchmark",
+        "title": "uvicorn benchmark" + (" (https)" if a.ssl else ""),
         "intro": (f"uvicorn {prov['packages'].get('uvicorn')} (http={a.http}, "
+                  f"{'https, ' if a.ssl else ''}"
                   f"lifespan off, no access log) serving a plain ASGI app; each sample a "
                   f"fresh server process pinned to CPU {a.server_cpu}, loaded by `wrk -t{a.threads} "
                   f"-c{a.connections} -d{max(1, int(round(a.duration)))}s` pinned to CPU "
@@ -205,7 +275,8 @@ def main(argv=None) -> int:
         "config": {"samples": a.samples, "warmups": a.warmups,
                    "duration": f"{a.duration:g} s", "wrk": f"-t{a.threads} -c{a.connections}",
                    "server cpu": a.server_cpu, "client cpu": a.client_cpu,
-                   "uvicorn http": a.http, "routes": ", ".join(routes)},
+                   "uvicorn http": a.http, "routes": ", ".join(routes),
+                   "tls": "https (--ssl)" if a.ssl else "off"},
     }
     report["duration_s"] = time.perf_counter() - t0
     return hb.finish(report, a)

@@ -28,10 +28,13 @@ what they do; that counting is the same for every loop.
 
 The scheduling workloads run callbacks, timers and tasks; the network
 workloads (TCP and Unix echo, bulk, short connections, getaddrinfo, split
-writes) run a server and its client on the same loop, in one process; see
-the "Network workloads" section. The datagram, pipe and process workloads
-(UDP echo, pipe echo, child spawns, a child's stdout through a PIPE) follow
-the same rules; see the "Datagram, pipe and process workloads" section.
+writes, flow-controlled bulk, HTTP/1.1 keep-alive, WebSocket echo, and
+the TLS 1.3 ones: echo, bulk, handshakes, HTTP, WebSocket) run a server
+and its client on the same loop, in one process; see the "Network
+workloads" section and "TLS material". The datagram, pipe and process
+workloads (UDP echo, pipe echo, child spawns, a child's stdout through a
+PIPE) follow the same rules; see the "Datagram, pipe and process
+workloads" section.
 
 Nothing here depends on a particular loop: loops are reached only through
 ``loop_factory`` (see ``get_loop_factory``). Runs on CPython 3.10 - 3.14.
@@ -40,17 +43,20 @@ Nothing here depends on a particular loop: loops are reached only through
 from __future__ import annotations
 
 import asyncio
+import atexit
+import hashlib
 import importlib
 import operator
 import os
 import shutil
 import socket
+import ssl
 import sys
 import tempfile
 import threading
 import time
 import zlib
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
@@ -478,7 +484,7 @@ CLOSE_WAIT_S = 2.0
 NETWORK_PRELUDE = True
 
 
-def _prelude(loop_factory: LoopFactory) -> str:
+def _prelude(loop_factory: LoopFactory, tls: bool = False) -> str:
     """One untimed TCP connection on a throwaway loop of the same kind:
     connect, echo 1 KiB, close, the server reads the EOF.
 
@@ -488,11 +494,14 @@ def _prelude(loop_factory: LoopFactory) -> str:
     munmap()ed on every read (three system calls per read) until one such
     buffer is freed whole, which happens on the first read that returns
     EOF; without the prelude, asyncio's first echo in a fresh process runs
-    at about half its usual speed. Returns "ok" or what went wrong (the
-    sample goes on either way)."""
+    at about half its usual speed. With ``tls``, the connection is a TLS
+    one (TLS workloads), which also puts OpenSSL past its one-time setup
+    (the first handshake of a process fetches its algorithms). Returns
+    "ok" or what went wrong (the sample goes on either way)."""
     if not NETWORK_PRELUDE:
         return "off"
     out: List[str] = []
+    skw, ckw = _tls_kwargs() if tls else ({}, {})
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -508,10 +517,10 @@ def _prelude(loop_factory: LoopFactory) -> str:
             def connection_lost(self, exc: Any) -> None:
                 _set_once(closed)
 
-        server = await loop.create_server(Srv, HOST, 0)
+        server = await loop.create_server(Srv, HOST, 0, **skw)
         try:
             port = server.sockets[0].getsockname()[1]
-            reader, writer = await asyncio.open_connection(HOST, port)
+            reader, writer = await asyncio.open_connection(HOST, port, **ckw)
             writer.write(b"p" * ECHO_SIZE)
             got = await asyncio.wait_for(reader.readexactly(ECHO_SIZE), 2.0)
             writer.close()
@@ -671,18 +680,176 @@ def _set_once(fut: Any) -> None:
         fut.set_result(None)
 
 
+# ---- TLS material ----------------------------------------------------------
+#
+# TLS workloads run over 127.0.0.1 with a throw-away PKI: a CA and a server
+# certificate for "localhost" (DNS) and 127.0.0.1 (IP), EC P-256 keys,
+# ECDSA-SHA256 signatures, made with the ``cryptography`` package once per
+# process into a temporary directory (removed at exit) and cached; always
+# before the clock starts. Both contexts are pinned to TLS 1.3; the client
+# context is ssl.create_default_context(cafile=<the CA>): it verifies the
+# chain and the host name ("localhost", sent as SNI), and trusts nothing
+# else. It keeps no session, so every connection is a full handshake.
+
+#: the name the client asks for and checks
+TLS_HOSTNAME = "localhost"
+_TLS_FILES: Dict[str, str] = {}
+
+
+def tls_material() -> Dict[str, str]:
+    """Paths of the CA certificate ("ca"), the server certificate
+    ("cert") and its key ("key"); made on the first call of the process."""
+    if _TLS_FILES:
+        return _TLS_FILES
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    d = tempfile.mkdtemp(prefix="zuvrs-bench-tls-")
+    atexit.register(shutil.rmtree, d, True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    day = datetime.timedelta(days=1)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
+                                            "zuvrs benchmark CA")])
+    ca = (x509.CertificateBuilder()
+          .subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number())
+          .not_valid_before(now - day).not_valid_after(now + 30 * day)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None),
+                         critical=True)
+          .add_extension(x509.KeyUsage(
+              digital_signature=True, content_commitment=False,
+              key_encipherment=False, data_encipherment=False,
+              key_agreement=False, key_cert_sign=True, crl_sign=True,
+              encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(
+              ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(
+                NameOID.COMMON_NAME, TLS_HOSTNAME)]))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - day).not_valid_after(now + 30 * day)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None),
+                           critical=True)
+            .add_extension(x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                ca_key.public_key()), critical=False)
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName(TLS_HOSTNAME),
+                 x509.IPAddress(ipaddress.ip_address(HOST))]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    files = {"ca": os.path.join(d, "ca.pem"),
+             "cert": os.path.join(d, "server.pem"),
+             "key": os.path.join(d, "server.key")}
+    with open(files["ca"], "wb") as f:
+        f.write(ca.public_bytes(serialization.Encoding.PEM))
+    with open(files["cert"], "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(files["key"], "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM,
+                                  serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    _TLS_FILES.update(files)
+    return _TLS_FILES
+
+
+def tls_contexts() -> Tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server context, client context), TLS 1.3 only; see above."""
+    m = tls_material()
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.minimum_version = ssl.TLSVersion.TLSv1_3
+    server.maximum_version = ssl.TLSVersion.TLSv1_3
+    server.load_cert_chain(m["cert"], m["key"])
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
+                                        cafile=m["ca"])
+    client.minimum_version = ssl.TLSVersion.TLSv1_3
+    client.maximum_version = ssl.TLSVersion.TLSv1_3
+    assert client.check_hostname and client.verify_mode == ssl.CERT_REQUIRED
+    return server, client
+
+
+def _tls_kwargs() -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """Keyword arguments of the server (create_server / start_server) and
+    of the client (create_connection / open_connection) for TLS."""
+    server, client = tls_contexts()
+    return {"ssl": server}, {"ssl": client, "server_hostname": TLS_HOSTNAME}
+
+
+async def _tls_call(loop: Any, tls: bool, aw: Any) -> Any:
+    """Await aw (a server's creation); a loop that raises
+    NotImplementedError for TLS (rloop) makes the workload Unsupported."""
+    try:
+        return await aw
+    except NotImplementedError as exc:
+        if not tls:
+            raise
+        raise _unsupported(loop, "TLS (ssl=SSLContext)", exc) from None
+
+
+def tls_path(transport: Any) -> str:
+    """Which TLS implementation a transport is: zuvrs says it
+    (``_tls_path``: "native" or "sslproto: <why>"); for other loops, the
+    transport's class."""
+    t = getattr(transport, "transport", None) or transport  # StreamWriter
+    path = getattr(t, "_tls_path", None)
+    if isinstance(path, str):
+        return path
+    return f"{type(t).__module__}.{type(t).__qualname__}"
+
+
+def _note_tls(info: Dict[str, Any], side: str, transport: Any,
+              first: bool = True) -> int:
+    """1 if the connection runs TLS 1.3 and (client side) its peer's
+    certificate was verified and names TLS_HOSTNAME, and the handshake was
+    a full one (no session resumed), else 0 (and a note in info). The
+    first call per side records the TLS path, version and cipher in
+    info."""
+    try:
+        sslobj = transport.get_extra_info("ssl_object")
+        version = sslobj.version() if sslobj is not None else None
+        ok = version == "TLSv1.3"
+        if side == "client":
+            cert = transport.get_extra_info("peercert") or {}
+            ok = (ok and ("DNS", TLS_HOSTNAME) in cert.get("subjectAltName", ())
+                  and not sslobj.session_reused)
+        if first:
+            info.setdefault(f"tls_path_{side}", tls_path(transport))
+            if side == "client":
+                cipher = transport.get_extra_info("cipher")
+                info.setdefault("tls", f"{version} {cipher[0] if cipher else None}")
+    except Exception as exc:
+        info.setdefault(f"tls_error_{side}", repr(exc))
+        return 0
+    if not ok:
+        info.setdefault(f"tls_unverified_{side}", f"version {version}")
+    return int(ok)
+
+
 # ---- echo over streams (TCP and Unix) ------------------------------------
 
 
 def _echo_streams(name: str, loop_factory: LoopFactory, n: int,
-                  unix: bool) -> Dict[str, Any]:
+                  unix: bool, tls: bool = False) -> Dict[str, Any]:
     payloads = _echo_payloads()
     expected_crc = _expected_echo_crc(n, payloads)
     st = {"round_trips": 0, "matches": 0, "checksum": 0, "server_bytes": 0,
           "server_errors": 0, "server_eof": False, "server_saw_close": False,
-          "finished": False}
+          "finished": False, "tls_verified": 0}
     info: Dict[str, Any] = {}
-    info["prelude"] = _prelude(loop_factory)  # untimed
+    # TLS: certificates and contexts made before the clock starts
+    skw, ckw = _tls_kwargs() if tls else ({}, {})
+    info["prelude"] = _prelude(loop_factory, tls)  # untimed
 
     async def main(path: str | None) -> None:
         loop = asyncio.get_running_loop()
@@ -690,6 +857,8 @@ def _echo_streams(name: str, loop_factory: LoopFactory, n: int,
 
         async def handle(reader: Any, writer: Any) -> None:
             info["server_socket"] = _sockopts(writer)
+            if tls:
+                _note_tls(info, "server", writer)
             try:
                 while True:
                     data = await reader.read(65536)
@@ -712,14 +881,17 @@ def _echo_streams(name: str, loop_factory: LoopFactory, n: int,
             except NotImplementedError as exc:
                 raise _unsupported(loop, "create_unix_server", exc) from None
         else:
-            server = await asyncio.start_server(handle, HOST, 0)
+            server = await _tls_call(loop, tls, asyncio.start_server(
+                handle, HOST, 0, **skw))
         try:
             if unix:
                 reader, writer = await asyncio.open_unix_connection(path)
             else:
                 port = server.sockets[0].getsockname()[1]
-                reader, writer = await asyncio.open_connection(HOST, port)
+                reader, writer = await asyncio.open_connection(HOST, port, **ckw)
             info["client_socket"] = _sockopts(writer)
+            if tls:
+                st["tls_verified"] += _note_tls(info, "client", writer)
             try:
                 crc = 0
                 matches = 0
@@ -755,16 +927,15 @@ def _echo_streams(name: str, loop_factory: LoopFactory, n: int,
                              prog, _guard_seconds(n))
         else:
             _run_guarded(loop, main(None), info, prog, _guard_seconds(n))
-    return run.result(
-        name, n,
-        {k: st[k] for k in ("round_trips", "matches", "checksum",
-                            "server_bytes", "server_errors",
-                            "server_saw_close", "finished")},
-        {"round_trips": n, "matches": n, "checksum": expected_crc,
-         "server_bytes": n * ECHO_SIZE, "server_errors": 0,
-         "server_saw_close": True, "finished": True},
-        info,
-    )
+    keys = ["round_trips", "matches", "checksum", "server_bytes",
+            "server_errors", "server_saw_close", "finished"]
+    expected = {"round_trips": n, "matches": n, "checksum": expected_crc,
+                "server_bytes": n * ECHO_SIZE, "server_errors": 0,
+                "server_saw_close": True, "finished": True}
+    if tls:
+        keys.append("tls_verified")
+        expected["tls_verified"] = 1
+    return run.result(name, n, {k: st[k] for k in keys}, expected, info)
 
 
 def tcp_echo_streams(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
@@ -780,6 +951,15 @@ def unix_echo_streams(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, A
     (start_unix_server/open_unix_connection). A loop without Unix sockets
     raises Unsupported."""
     return _echo_streams("unix_echo_streams", loop_factory, n, unix=True)
+
+
+def tls_echo_streams(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
+    """tcp_echo_streams over TLS 1.3 (start_server(ssl=...) /
+    open_connection(ssl=..., server_hostname="localhost")): the client
+    verifies the chain and the host name (see tls_contexts); the TLS
+    version and the peer's certificate are checked on the connection."""
+    return _echo_streams("tls_echo_streams", loop_factory, n, unix=False,
+                         tls=True)
 
 
 # ---- echo over protocols --------------------------------------------------
@@ -915,9 +1095,11 @@ class BulkReceiverProtocol(asyncio.Protocol):
     reordered piece shifts the pattern unless its length is a multiple of
     251, and changes the byte count)."""
 
-    def __init__(self, done: Any, info: Dict[str, Any]) -> None:
+    def __init__(self, done: Any, info: Dict[str, Any],
+                 tls: bool = False) -> None:
         self.done = done
         self.info = info
+        self.tls = tls
         self.pos = 0
         self.pieces = 0
         self.mismatches = 0
@@ -925,6 +1107,8 @@ class BulkReceiverProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.info["server_socket"] = _sockopts(transport)
+        if self.tls:
+            _note_tls(self.info, "server", transport)
 
     def data_received(self, data: bytes) -> None:
         n = len(data)
@@ -952,27 +1136,44 @@ def tcp_bulk(loop_factory: LoopFactory, mib: int = 1024) -> Dict[str, Any]:
     chunks through asyncio streams (write + drain, default buffer limits),
     the server's Protocol counts the bytes and samples their pattern; the
     time runs until the receiver has seen the sender's close."""
+    return _bulk("tcp_bulk", loop_factory, mib, tls=False)
+
+
+def tls_bulk(loop_factory: LoopFactory, mib: int = 512) -> Dict[str, Any]:
+    """tcp_bulk over TLS 1.3 (the receiver is the TLS server, the streams
+    writer the verifying client); the receiver sees the sender's
+    close_notify as its EOF."""
+    return _bulk("tls_bulk", loop_factory, mib, tls=True)
+
+
+def _bulk(name: str, loop_factory: LoopFactory, mib: int,
+          tls: bool) -> Dict[str, Any]:
     total = mib * MIB
     chunk = bytes(range(BULK_PERIOD)) * 1024
     info: Dict[str, Any] = {}
-    info["prelude"] = _prelude(loop_factory)  # untimed
+    skw, ckw = _tls_kwargs() if tls else ({}, {})
+    info["prelude"] = _prelude(loop_factory, tls)  # untimed
     receiver: List[BulkReceiverProtocol] = []
-    st = {"sent": 0, "receiver_saw_eof": False, "finished": False}
+    st = {"sent": 0, "receiver_saw_eof": False, "finished": False,
+          "tls_verified": 0}
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
         def factory() -> BulkReceiverProtocol:
-            p = BulkReceiverProtocol(done, info)
+            p = BulkReceiverProtocol(done, info, tls)
             receiver.append(p)
             return p
 
-        server = await loop.create_server(factory, HOST, 0)
+        server = await _tls_call(loop, tls, loop.create_server(
+            factory, HOST, 0, **skw))
         port = server.sockets[0].getsockname()[1]
         try:
-            _, writer = await asyncio.open_connection(HOST, port)
+            _, writer = await asyncio.open_connection(HOST, port, **ckw)
             info["client_socket"] = _sockopts(writer)
+            if tls:
+                st["tls_verified"] += _note_tls(info, "client", writer)
             try:
                 full, rest = divmod(total, BULK_CHUNK)
                 write = writer.write
@@ -1004,16 +1205,17 @@ def tcp_bulk(loop_factory: LoopFactory, mib: int = 1024) -> Dict[str, Any]:
     if r is not None and r.pieces:
         info["receiver_reads"] = r.pieces
         info["mean_read_kib"] = round(r.pos / r.pieces / 1024, 1)
-    return run.result(
-        "tcp_bulk", mib,
-        {"sent": st["sent"], "received": r.pos if r else 0,
-         "sampled_mismatches": r.mismatches if r else 0,
-         "connections": len(receiver), "receiver_saw_eof": st["receiver_saw_eof"],
-         "finished": st["finished"]},
-        {"sent": total, "received": total, "sampled_mismatches": 0,
-         "connections": 1, "receiver_saw_eof": True, "finished": True},
-        info,
-    )
+    parity = {"sent": st["sent"], "received": r.pos if r else 0,
+              "sampled_mismatches": r.mismatches if r else 0,
+              "connections": len(receiver),
+              "receiver_saw_eof": st["receiver_saw_eof"],
+              "finished": st["finished"]}
+    expected = {"sent": total, "received": total, "sampled_mismatches": 0,
+                "connections": 1, "receiver_saw_eof": True, "finished": True}
+    if tls:
+        parity["tls_verified"] = st["tls_verified"]
+        expected["tls_verified"] = 1
+    return run.result(name, mib, parity, expected, info)
 
 
 # ---- short connections ----------------------------------------------------
@@ -1025,13 +1227,31 @@ def short_connections(loop_factory: LoopFactory, n: int = 8_000) -> Dict[str, An
     """n TCP connections, 16 at a time (streams on both ends): the client
     connects, sends ``REQ <i>\\n``, reads the reply to EOF and closes; the
     server reads the line, replies ``RESP <i> <48 x>\\n`` and closes."""
+    return _short_connections("short_connections", loop_factory, n, tls=False)
+
+
+def tls_handshakes(loop_factory: LoopFactory, n: int = 1_024) -> Dict[str, Any]:
+    """short_connections over TLS 1.3: n fresh connections, 16 at a time,
+    each a full handshake (no session resumption: the client context
+    keeps no session), the client verifying chain and host name; then
+    one small request/reply and the close (the server's close_notify is
+    the client's EOF). Every connection's TLS version and verified peer
+    certificate are checked."""
+    return _short_connections("tls_handshakes", loop_factory, n, tls=True)
+
+
+def _short_connections(name: str, loop_factory: LoopFactory, n: int,
+                       tls: bool) -> Dict[str, Any]:
     pad = b"x" * 48
     st = {"served": 0, "server_errors": 0, "ok": 0, "checksum": 0,
-          "client_errors": 0, "finished": False}
+          "client_errors": 0, "finished": False, "tls_verified": 0}
     info: Dict[str, Any] = {}
-    info["prelude"] = _prelude(loop_factory)  # untimed
+    skw, ckw = _tls_kwargs() if tls else ({}, {})
+    info["prelude"] = _prelude(loop_factory, tls)  # untimed
 
     async def handle(reader: Any, writer: Any) -> None:
+        if tls and "tls_path_server" not in info:
+            _note_tls(info, "server", writer)
         try:
             line = await reader.readline()
             if line.startswith(b"REQ ") and line.endswith(b"\n"):
@@ -1047,7 +1267,9 @@ def short_connections(loop_factory: LoopFactory, n: int = 8_000) -> Dict[str, An
             writer.close()
 
     async def main() -> None:
-        server = await asyncio.start_server(handle, HOST, 0, backlog=1024)
+        loop = asyncio.get_running_loop()
+        server = await _tls_call(loop, tls, asyncio.start_server(
+            handle, HOST, 0, backlog=1024, **skw))
         port = server.sockets[0].getsockname()[1]
         next_i = 0
 
@@ -1057,9 +1279,13 @@ def short_connections(loop_factory: LoopFactory, n: int = 8_000) -> Dict[str, An
                 i = next_i
                 next_i += 1
                 try:
-                    reader, writer = await asyncio.open_connection(HOST, port)
+                    reader, writer = await asyncio.open_connection(
+                        HOST, port, **ckw)
                     if i == 0:
                         info["client_socket"] = _sockopts(writer)
+                    if tls:
+                        st["tls_verified"] += _note_tls(
+                            info, "client", writer, first=(i == 0))
                     try:
                         writer.write(b"REQ %d\n" % i)
                         reply = await reader.read()
@@ -1086,15 +1312,15 @@ def short_connections(loop_factory: LoopFactory, n: int = 8_000) -> Dict[str, An
     with run as loop:
         _run_guarded(loop, main(), info,
                      lambda: (st["ok"], st["client_errors"], st["served"]),
-                     _guard_seconds(n * 10))
-    return run.result(
-        "short_connections", n,
-        {k: st[k] for k in ("ok", "checksum", "served", "client_errors",
-                            "server_errors", "finished")},
-        {"ok": n, "checksum": n * (n - 1) // 2, "served": n,
-         "client_errors": 0, "server_errors": 0, "finished": True},
-        info,
-    )
+                     _guard_seconds(n * (100 if tls else 10)))
+    keys = ["ok", "checksum", "served", "client_errors", "server_errors",
+            "finished"]
+    expected = {"ok": n, "checksum": n * (n - 1) // 2, "served": n,
+                "client_errors": 0, "server_errors": 0, "finished": True}
+    if tls:
+        keys.append("tls_verified")
+        expected["tls_verified"] = n
+    return run.result(name, n, {k: st[k] for k in keys}, expected, info)
 
 
 # ---- getaddrinfo ----------------------------------------------------------
@@ -1326,6 +1552,558 @@ def split_writes_two(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, An
     """split_writes_one, but the server writes the header, then the body:
     TWO write() calls per response."""
     return _split_writes("split_writes_two", 2, loop_factory, n)
+
+
+# ---- bulk through a flow-controlled Protocol writer ------------------------
+
+#: tcp_bulk_flow's write size (256 KiB): a stream position p holds the
+#: byte (p % FLOW_CHUNK) % BULK_PERIOD, so every chunk is the same object
+FLOW_CHUNK = 256 * 1024
+#: a writer whose transport buffers more than this never honoured
+#: pause_writing (a loop's high-water mark is tens of KiB)
+FLOW_BUFFER_BOUND = 16 * MIB
+
+
+class FlowBulkReceiverProtocol(BulkReceiverProtocol):
+    """BulkReceiverProtocol for tcp_bulk_flow's stream (the BULK_PERIOD
+    pattern restarting every FLOW_CHUNK bytes)."""
+
+    def data_received(self, data: bytes) -> None:
+        n = len(data)
+        p = self.pos
+        m = n >> 1
+        c = FLOW_CHUNK
+        if (data[0] != (p % c) % BULK_PERIOD
+                or data[m] != ((p + m) % c) % BULK_PERIOD
+                or data[n - 1] != ((p + n - 1) % c) % BULK_PERIOD):
+            self.mismatches += 1
+        self.pos = p + n
+        self.pieces += 1
+
+
+class FlowWriterProtocol(asyncio.Protocol):
+    """Writes ``total`` bytes in FLOW_CHUNK writes as fast as the transport
+    takes them: it stops on pause_writing() and goes on in
+    resume_writing(); after the last write it closes the transport (which
+    flushes first). Records the largest write buffer it saw.
+
+    The close is scheduled (call_soon), not made inside resume_writing():
+    when a protocol closes asyncio's selector transport from
+    resume_writing() and its buffer is empty, _write_ready runs
+    _call_connection_lost itself after close() has scheduled it too; the
+    second run fails (AttributeError on the socket already set to None)
+    and reaches the loop's exception handler (seen on CPython 3.11)."""
+
+    def __init__(self, total: int, done: Any, info: Dict[str, Any]) -> None:
+        self.total = total
+        self.done = done
+        self.info = info
+        self.chunk = bytes(i % BULK_PERIOD for i in range(FLOW_CHUNK))
+        self.sent = 0
+        self.paused = False
+        self.pauses = 0
+        self.resumes = 0
+        self.max_buffer = 0
+        self.closing = False
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.info["client_socket"] = _sockopts(transport)
+        self._write_more()
+
+    def _write_more(self) -> None:
+        tr = self.transport
+        write = tr.write
+        size = tr.get_write_buffer_size
+        chunk = self.chunk
+        c = FLOW_CHUNK
+        total = self.total
+        while not self.paused and self.sent < total:
+            if total - self.sent >= c:
+                write(chunk)
+                self.sent += c
+            else:
+                write(chunk[:total - self.sent])
+                self.sent = total
+            b = size()
+            if b > self.max_buffer:
+                self.max_buffer = b
+        if self.sent >= total and not self.closing:
+            self.closing = True
+            asyncio.get_running_loop().call_soon(tr.close)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        self.pauses += 1
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.resumes += 1
+        if self.transport is not None and not self.closing:
+            self._write_more()
+
+    def connection_lost(self, exc: Any) -> None:
+        if exc is not None:
+            self.info.setdefault("client_error", repr(exc))
+        _set_once(self.done)
+
+
+def tcp_bulk_flow(loop_factory: LoopFactory, mib: int = 512) -> Dict[str, Any]:
+    """One TCP connection streaming ``mib`` MiB from a Protocol writer that
+    writes 256 KiB chunks until pause_writing() and goes on at
+    resume_writing() (tcp_bulk's writer is a stream's write + drain);
+    the receiving Protocol counts the bytes and samples their pattern,
+    the writer's transport must never have held more than 16 MiB (flow
+    control honoured); the time runs until the receiver has seen the
+    writer's close and the writer its connection_lost."""
+    total = mib * MIB
+    info: Dict[str, Any] = {}
+    info["prelude"] = _prelude(loop_factory)  # untimed
+    receiver: List[BulkReceiverProtocol] = []
+    writer: List[FlowWriterProtocol] = []
+    st = {"receiver_saw_eof": False, "writer_closed": False, "finished": False}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        wdone = loop.create_future()
+
+        def factory() -> BulkReceiverProtocol:
+            p = FlowBulkReceiverProtocol(done, info)
+            receiver.append(p)
+            return p
+
+        server = await loop.create_server(factory, HOST, 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            w = FlowWriterProtocol(total, wdone, info)
+            writer.append(w)
+            tr, _ = await loop.create_connection(lambda: w, HOST, port)
+            try:
+                st["writer_closed"] = await _bounded(
+                    wdone, info, "writer connection_lost()",
+                    _guard_seconds(mib * 100))
+            finally:
+                tr.close()
+            seen = await _bounded(done, info, "receiver sees the close")
+            st["receiver_saw_eof"] = seen and bool(receiver and receiver[0].saw_eof)
+        finally:
+            await _close_server(server, info)
+        st["finished"] = True
+
+    run = _Run(loop_factory)
+    with run as loop:
+        _run_guarded(loop, main(), info,
+                     lambda: (writer[0].sent if writer else 0,
+                              receiver[0].pos if receiver else 0),
+                     _guard_seconds(mib * 100))
+    r = receiver[0] if receiver else None
+    w = writer[0] if writer else None
+    if r is not None and r.pieces:
+        info["receiver_reads"] = r.pieces
+        info["mean_read_kib"] = round(r.pos / r.pieces / 1024, 1)
+    if w is not None:
+        info["pause_writing_calls"] = w.pauses
+        info["resume_writing_calls"] = w.resumes
+        info["max_write_buffer_kib"] = round(w.max_buffer / 1024, 1)
+    return run.result(
+        "tcp_bulk_flow", mib,
+        {"sent": w.sent if w else 0, "received": r.pos if r else 0,
+         "sampled_mismatches": r.mismatches if r else 0,
+         "connections": len(receiver),
+         "buffer_bounded": bool(w) and w.max_buffer <= FLOW_BUFFER_BOUND,
+         "writer_closed": st["writer_closed"],
+         "receiver_saw_eof": st["receiver_saw_eof"],
+         "finished": st["finished"]},
+        {"sent": total, "received": total, "sampled_mismatches": 0,
+         "connections": 1, "buffer_bounded": True, "writer_closed": True,
+         "receiver_saw_eof": True, "finished": True},
+        info,
+    )
+
+
+# ---- HTTP/1.1 keep-alive ---------------------------------------------------
+#
+# A hand-written HTTP/1.1 server (an asyncio.Protocol, no framework) and a
+# streams client, both on the loop under test. The client opens 16
+# keep-alive connections (over TLS: verified, as above) and sends its share
+# of the n requests on each, one at a time: ``GET /item/<seq> HTTP/1.1``
+# with Host, User-Agent and Accept headers. The server parses the request
+# line and headers by hand, checks them, and answers with a 4 KiB body (one
+# of 64, chosen by seq) after 8 chained SHA-256 passes over it (the
+# application's work: d = sha256(d + body), 8 times), whose hex digest goes
+# into an X-Digest header next to X-Seq; header and body go out in one
+# write. The client parses the response (status line, headers,
+# Content-Length, then the body) and checks status, X-Seq, X-Digest
+# (against digests computed before the clock starts) and the body. At the
+# end every client closes; the server must see each close.
+
+HTTP_CONNECTIONS = 16
+HTTP_BODY_SIZE = 4096
+HTTP_SHA_PASSES = 8
+_HTTP_ITEM = b"/item/"
+
+
+def _http_bodies() -> List[bytes]:
+    return _echo_payloads(HTTP_BODY_SIZE)
+
+
+def _digest8(body: bytes) -> bytes:
+    """HTTP_SHA_PASSES chained SHA-256 passes over body, hex."""
+    d = b""
+    sha = hashlib.sha256
+    for _ in range(HTTP_SHA_PASSES):
+        h = sha(d)
+        h.update(body)
+        d = h.digest()
+    return d.hex().encode()
+
+
+class _HttpServerProtocol(asyncio.Protocol):
+    def __init__(self, st: Dict[str, Any], info: Dict[str, Any],
+                 bodies: List[bytes], closed: Any, tls: bool) -> None:
+        self.st = st
+        self.info = info
+        self.bodies = bodies
+        self.closed = closed
+        self.tls = tls
+        self.buf = b""
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.info.setdefault("server_socket", _sockopts(transport))
+        if self.tls and "tls_path_server" not in self.info:
+            _note_tls(self.info, "server", transport)
+
+    def _bad(self, why: str) -> None:
+        self.st["server_errors"] += 1
+        self.info.setdefault("server_error", why[:200])
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\n"
+                             b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            head = buf[:end]
+            buf = buf[end + 4:]
+            lines = head.split(b"\r\n")
+            parts = lines[0].split(b" ")
+            if len(parts) != 3:
+                self._bad(f"request line {lines[0]!r}")
+                return
+            method, target, version = parts
+            headers = {}
+            for line in lines[1:]:
+                k, sep, v = line.partition(b":")
+                if not sep:
+                    self._bad(f"header line {line!r}")
+                    return
+                headers[k.strip().lower()] = v.strip()
+            if (method != b"GET" or version != b"HTTP/1.1"
+                    or not target.startswith(_HTTP_ITEM)
+                    or b"host" not in headers
+                    or headers.get(b"content-length", b"0") != b"0"):
+                self._bad(f"request {lines[0]!r} {sorted(headers)}")
+                return
+            try:
+                seq = int(target[len(_HTTP_ITEM):])
+            except ValueError:
+                self._bad(f"target {target!r}")
+                return
+            body = self.bodies[seq % _N_PAYLOADS]
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream"
+                b"\r\nContent-Length: %d\r\nX-Seq: %d\r\nX-Digest: %s\r\n\r\n"
+                % (len(body), seq, _digest8(body)) + body)
+            self.st["served"] += 1
+            if headers.get(b"connection", b"").lower() == b"close":
+                self.transport.close()
+                break
+        self.buf = buf
+
+    def eof_received(self) -> None:
+        self.st["server_eofs"] += 1
+        return None  # close
+
+    def connection_lost(self, exc: Any) -> None:
+        if exc is not None:
+            self.info.setdefault("server_lost", repr(exc))
+        self.st["server_closes"] += 1
+        if self.st["server_closes"] == HTTP_CONNECTIONS:
+            _set_once(self.closed)
+
+
+def _shares(n: int, k: int) -> List[int]:
+    """n split into k shares as equal as possible."""
+    q, r = divmod(n, k)
+    return [q + (1 if i < r else 0) for i in range(k)]
+
+
+def _http_keepalive(name: str, loop_factory: LoopFactory, n: int,
+                    tls: bool) -> Dict[str, Any]:
+    bodies = _http_bodies()
+    digests = [_digest8(b) for b in bodies]  # the client's answers, untimed
+    st = {"responses": 0, "verified": 0, "client_errors": 0, "served": 0,
+          "server_errors": 0, "server_eofs": 0, "server_closes": 0,
+          "server_saw_close": False, "tls_verified": 0, "finished": False}
+    info: Dict[str, Any] = {}
+    skw, ckw = _tls_kwargs() if tls else ({}, {})
+    info["prelude"] = _prelude(loop_factory, tls)  # untimed
+    shares = _shares(n, HTTP_CONNECTIONS)
+
+    async def client(c: int, port: int, start: int, count: int) -> None:
+        reader, writer = await asyncio.open_connection(HOST, port, **ckw)
+        if c == 0:
+            info["client_socket"] = _sockopts(writer)
+        if tls:
+            st["tls_verified"] += _note_tls(info, "client", writer, c == 0)
+        host = b"Host: %s:%d\r\n" % (TLS_HOSTNAME.encode(), port)
+        try:
+            write = writer.write
+            readuntil = reader.readuntil
+            readexactly = reader.readexactly
+            for seq in range(start, start + count):
+                write(b"GET /item/%d HTTP/1.1\r\n" % seq + host
+                      + b"User-Agent: zuvrs-bench\r\nAccept: */*\r\n\r\n")
+                head = await readuntil(b"\r\n\r\n")
+                lines = head[:-4].split(b"\r\n")
+                headers = {}
+                for line in lines[1:]:
+                    k, _, v = line.partition(b":")
+                    headers[k.strip().lower()] = v.strip()
+                body = await readexactly(int(headers.get(b"content-length", 0)))
+                st["responses"] += 1
+                i = seq % _N_PAYLOADS
+                if (lines[0] == b"HTTP/1.1 200 OK"
+                        and headers.get(b"x-seq") == b"%d" % seq
+                        and headers.get(b"x-digest") == digests[i]
+                        and body == bodies[i]):
+                    st["verified"] += 1
+                else:
+                    info.setdefault("bad_response",
+                                    f"request {seq}: {head[:120]!r}")
+        finally:
+            writer.close()
+            await _bounded(writer.wait_closed(), info, "client wait_closed()")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        closed = loop.create_future()
+        server = await _tls_call(loop, tls, loop.create_server(
+            lambda: _HttpServerProtocol(st, info, bodies, closed, tls),
+            HOST, 0, **skw))
+        port = server.sockets[0].getsockname()[1]
+        try:
+            starts = [sum(shares[:c]) for c in range(HTTP_CONNECTIONS)]
+            results = await asyncio.gather(
+                *[client(c, port, starts[c], shares[c])
+                  for c in range(HTTP_CONNECTIONS)], return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    if isinstance(r, asyncio.CancelledError):
+                        raise r
+                    st["client_errors"] += 1
+                    info.setdefault("client_error", repr(r)[:200])
+            seen = await _bounded(closed, info, "server sees every close")
+            st["server_saw_close"] = (seen
+                                      and st["server_eofs"] == HTTP_CONNECTIONS)
+        finally:
+            await _close_server(server, info)
+        st["finished"] = True
+
+    run = _Run(loop_factory)
+    with run as loop:
+        _run_guarded(loop, main(), info,
+                     lambda: (st["responses"], st["served"]),
+                     _guard_seconds(n * 10))
+    keys = ["responses", "verified", "client_errors", "served",
+            "server_errors", "server_saw_close", "finished"]
+    expected = {"responses": n, "verified": n, "client_errors": 0,
+                "served": n, "server_errors": 0, "server_saw_close": True,
+                "finished": True}
+    if tls:
+        keys.append("tls_verified")
+        expected["tls_verified"] = HTTP_CONNECTIONS
+    return run.result(name, n, {k: st[k] for k in keys}, expected, info)
+
+
+def http_keepalive(loop_factory: LoopFactory, n: int = 8_000) -> Dict[str, Any]:
+    """n HTTP/1.1 requests over 16 keep-alive TCP connections (n / 16 each,
+    one at a time per connection): a hand-written asyncio.Protocol server
+    answering each GET with a 4 KiB body after 8 SHA-256 passes over it,
+    a streams client checking status, sequence number, digest and body;
+    see the section comment."""
+    return _http_keepalive("http_keepalive", loop_factory, n, tls=False)
+
+
+def tls_http_keepalive(loop_factory: LoopFactory,
+                       n: int = 8_000) -> Dict[str, Any]:
+    """http_keepalive over TLS 1.3 (16 handshakes, the client verifying
+    chain and host name; the same requests, responses and SHA-256 work)."""
+    return _http_keepalive("tls_http_keepalive", loop_factory, n, tls=True)
+
+
+# ---- WebSocket echo ----------------------------------------------------------
+#
+# The ``websockets`` library's asyncio implementation on the loop under test
+# (websockets.asyncio.server.serve / websockets.asyncio.client.connect,
+# which call the running loop's create_server / create_connection), with
+# the library's defaults (permessage-deflate offered and accepted, as a
+# deployment gets it; the negotiated extensions are in info) except that
+# no proxy is looked up. 16 clients, each sending its share of the n binary
+# messages one at a time and awaiting the echo; message t is 32, 256 or
+# 4,096 bytes (t % 3) with content chosen by t. Every echo is compared and
+# CRC-32 checksummed; each client then closes (code 1000) and the server's
+# handler must have ended for each. The URI is ws://localhost:<port>/ or
+# wss://..., with the TCP connection made to 127.0.0.1 (host=...), so both
+# send the same Host header.
+
+WS_CONNECTIONS = 16
+WS_SIZES = (32, 256, 4096)
+
+
+def _ws_payloads() -> List[bytes]:
+    """192 messages: index i is WS_SIZES[i % 3] bytes of pattern i % 64."""
+    big = _echo_payloads(max(WS_SIZES))
+    return [big[i % _N_PAYLOADS][:WS_SIZES[i % 3]]
+            for i in range(3 * _N_PAYLOADS)]
+
+
+def _websocket(name: str, loop_factory: LoopFactory, n: int,
+               tls: bool) -> Dict[str, Any]:
+    try:
+        import websockets
+        from websockets.asyncio.client import connect
+        from websockets.asyncio.server import serve
+    except ImportError as exc:
+        raise RuntimeError(
+            f"{name} needs websockets >= 13 (its asyncio implementation): "
+            f"{exc}") from None
+    payloads = _ws_payloads()
+    np_ = len(payloads)
+    shares = _shares(n, WS_CONNECTIONS)
+    expected_crc = 0
+    expected_bytes = 0
+    for k in shares:
+        crc = 0
+        for t in range(k):
+            crc = zlib.crc32(payloads[t % np_], crc)
+            expected_bytes += len(payloads[t % np_])
+        expected_crc += crc
+    st = {"messages": 0, "matches": 0, "checksum": 0, "client_errors": 0,
+          "server_messages": 0, "server_bytes": 0, "server_errors": 0,
+          "handlers_done": 0, "clean_closes": 0, "tls_verified": 0,
+          "finished": False}
+    info: Dict[str, Any] = {"websockets": getattr(websockets, "__version__", "?")}
+    skw, ckw = _tls_kwargs() if tls else ({}, {})
+    info["prelude"] = _prelude(loop_factory, tls)  # untimed
+    scheme = "wss" if tls else "ws"
+
+    async def handler(ws: Any) -> None:
+        try:
+            if tls and "tls_path_server" not in info:
+                _note_tls(info, "server", ws.transport)
+            async for msg in ws:
+                st["server_messages"] += 1
+                st["server_bytes"] += len(msg)
+                await ws.send(msg)
+        except Exception as exc:
+            st["server_errors"] += 1
+            info.setdefault("server_error", repr(exc)[:200])
+        finally:
+            st["handlers_done"] += 1
+
+    async def client(c: int, port: int, count: int) -> None:
+        uri = f"{scheme}://{TLS_HOSTNAME}:{port}/"
+        kw = dict(ckw)
+        if tls:
+            kw.pop("server_hostname")  # the URI's host name, "localhost"
+        async with connect(uri, host=HOST, proxy=None, **kw) as ws:
+            if c == 0:
+                info["client_socket"] = _sockopts(ws.transport)
+                ext = ws.response.headers.get("Sec-WebSocket-Extensions")
+                info["extensions"] = ext or "none"
+            if tls:
+                st["tls_verified"] += _note_tls(info, "client", ws.transport,
+                                                c == 0)
+            crc = 0
+            send = ws.send
+            recv = ws.recv
+            for t in range(count):
+                p = payloads[t % np_]
+                await send(p)
+                got = await recv()
+                st["messages"] += 1
+                if got == p:
+                    st["matches"] += 1
+                crc = zlib.crc32(got if isinstance(got, bytes)
+                                 else got.encode(), crc)
+            st["checksum"] += crc
+        if ws.close_code == 1000:
+            st["clean_closes"] += 1
+        else:
+            info.setdefault("close", f"close code {ws.close_code}")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await _tls_call(loop, tls, serve(handler, HOST, 0, **skw))
+        port = server.sockets[0].getsockname()[1]
+        try:
+            results = await asyncio.gather(
+                *[client(c, port, shares[c]) for c in range(WS_CONNECTIONS)],
+                return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    if isinstance(r, asyncio.CancelledError):
+                        raise r
+                    st["client_errors"] += 1
+                    info.setdefault("client_error", repr(r)[:200])
+            # every handler must end (it saw the client's close)
+            t_end = loop.time() + CLOSE_WAIT_S
+            while st["handlers_done"] < WS_CONNECTIONS and loop.time() < t_end:
+                await asyncio.sleep(0.001)
+        finally:
+            server.close()
+            await _bounded(server.wait_closed(), info, "server.wait_closed()")
+        st["finished"] = True
+
+    run = _Run(loop_factory)
+    with run as loop:
+        _run_guarded(loop, main(), info,
+                     lambda: (st["messages"], st["server_messages"]),
+                     _guard_seconds(n * 10))
+    keys = ["messages", "matches", "checksum", "client_errors",
+            "server_messages", "server_bytes", "server_errors",
+            "handlers_done", "clean_closes", "finished"]
+    expected = {"messages": n, "matches": n, "checksum": expected_crc,
+                "client_errors": 0, "server_messages": n,
+                "server_bytes": expected_bytes, "server_errors": 0,
+                "handlers_done": WS_CONNECTIONS,
+                "clean_closes": WS_CONNECTIONS, "finished": True}
+    if tls:
+        keys.append("tls_verified")
+        expected["tls_verified"] = WS_CONNECTIONS
+    return run.result(name, n, {k: st[k] for k in keys}, expected, info)
+
+
+def websocket(loop_factory: LoopFactory, n: int = 8_000) -> Dict[str, Any]:
+    """n WebSocket echo round trips (binary messages of 32 / 256 / 4,096
+    bytes in turn) over 16 ws:// connections, n / 16 each, one message
+    outstanding per connection, websockets' asyncio server and client on
+    the loop under test; see the section comment."""
+    return _websocket("websocket", loop_factory, n, tls=False)
+
+
+def tls_websocket(loop_factory: LoopFactory, n: int = 8_000) -> Dict[str, Any]:
+    """websocket over wss:// (TLS 1.3, the client verifying chain and host
+    name)."""
+    return _websocket("tls_websocket", loop_factory, n, tls=True)
 
 
 # --------------------------------------------------------------------------
@@ -1953,6 +2731,33 @@ WORKLOADS: Dict[str, Any] = {
     "split_writes_two": (split_writes_two, 20_000,
                          "request/1 KiB response round trips, response "
                          "sent as header + body, TWO writes (round trips)"),
+    "tcp_bulk_flow": (tcp_bulk_flow, 512,
+                      "MiB streamed over one TCP connection, Protocol writer "
+                      "(256 KiB writes, pause_writing/resume_writing) -> "
+                      "Protocol reader (MiB)"),
+    "http_keepalive": (http_keepalive, 8_000,
+                       "HTTP/1.1 GETs over 16 keep-alive TCP connections, "
+                       "hand-parsed Protocol server, 4 KiB bodies + 8 "
+                       "SHA-256 passes each, streams client (requests)"),
+    "websocket": (websocket, 8_000,
+                  "websockets echo, 16 ws:// connections, messages of "
+                  "32/256/4,096 bytes in turn (messages)"),
+    # TLS 1.3 over 127.0.0.1, the client verifying chain and host name
+    "tls_echo_streams": (tls_echo_streams, 20_000,
+                         "1 KiB echo round trips, one TLS connection, "
+                         "asyncio streams (round trips)"),
+    "tls_bulk": (tls_bulk, 512,
+                 "MiB streamed over one TLS connection, streams writer -> "
+                 "Protocol reader (MiB)"),
+    "tls_handshakes": (tls_handshakes, 1_024,
+                       "TLS connections, 16 concurrent, a full handshake, "
+                       "one small request/reply, then close (connections)"),
+    "tls_http_keepalive": (tls_http_keepalive, 8_000,
+                           "http_keepalive over 16 TLS connections "
+                           "(requests)"),
+    "tls_websocket": (tls_websocket, 8_000,
+                      "websockets echo, 16 wss:// connections, messages of "
+                      "32/256/4,096 bytes in turn (messages)"),
     # datagrams, pipes, child processes
     "udp_echo": (udp_echo, 20_000,
                  "512-byte datagram echo round trips between two UDP "
@@ -1974,11 +2779,19 @@ WORKLOADS: Dict[str, Any] = {
 }
 
 #: unit of ``ops`` where it is not obvious from the description
-UNITS: Dict[str, str] = {"tcp_bulk": "MiB", "subprocess_pipe_output": "MiB"}
+UNITS: Dict[str, str] = {"tcp_bulk": "MiB", "subprocess_pipe_output": "MiB",
+                         "tcp_bulk_flow": "MiB", "tls_bulk": "MiB"}
 
 #: (single-write workload, split-write workload): compare.py shows their
 #: per-loop ratio
 SPLIT_PAIR = ("split_writes_one", "split_writes_two")
+
+#: (TLS workload, its plain counterpart): the same work over TLS 1.3 and
+#: over plain TCP; compare.py shows their per-loop ratio
+TLS_PAIRS = (("tls_echo_streams", "tcp_echo_streams"),
+             ("tls_bulk", "tcp_bulk"),
+             ("tls_http_keepalive", "http_keepalive"),
+             ("tls_websocket", "websocket"))
 
 
 def run_workload(name: str, loop_factory: LoopFactory, size: int | None = None

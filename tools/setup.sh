@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Installs what building and testing zuvrs needs on a fresh Debian machine
 # with Python 3 and Rust: libclang (bindgen in libuv-sys2), openssl (TLS test
-# certificates fall back to its CLI), and a virtualenv in .venv with maturin,
+# certificates fall back to its CLI), wrk (the HTTP benchmarks' load
+# generator, http and https), and a virtualenv in .venv with maturin,
 # pytest, pytest-codspeed, the loops we compare with, and the applications the
 # tests serve (uvicorn, aiohttp) with their clients.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! dpkg -s libclang-dev >/dev/null 2>&1; then
-    echo "== installing libclang-dev"
+if ! dpkg -s libclang-dev >/dev/null 2>&1 || ! command -v wrk >/dev/null 2>&1; then
+    echo "== installing libclang-dev wrk"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libclang-dev >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libclang-dev wrk >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then
