@@ -2,8 +2,11 @@
 # Installs what building and testing zuvrs needs on a fresh Debian machine
 # with Python 3 and Rust: libclang (bindgen in libuv-sys2), openssl (TLS test
 # certificates fall back to its CLI), and a virtualenv in .venv with maturin,
-# pytest, pytest-codspeed, the loops we compare with, and the applications the
-# tests serve (uvicorn, aiohttp) with their clients.
+# pytest, pytest-codspeed, the loops we compare with, the applications the
+# tests serve (uvicorn, aiohttp) with their clients, the servers and test
+# plugins the integrations are tested with (gunicorn and its uvicorn worker,
+# hypercorn, pytest-asyncio, pytest-aiohttp, anyio's plugin) and mypy for the
+# type stubs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,4 +25,6 @@ fi
 echo "== installing Python packages"
 .venv/bin/python -m pip install -q --disable-pip-version-check \
     "maturin>=1.5,<2" "pytest>=7" "pytest-codspeed>=3" uvloop rloop \
-    uvicorn httptools httpx aiohttp websockets cryptography
+    uvicorn httptools httpx aiohttp websockets cryptography \
+    gunicorn uvicorn-worker hypercorn pytest-asyncio pytest-aiohttp anyio \
+    mypy typing-extensions
