@@ -36,6 +36,7 @@ def info():
     """The lines `python -m zuvrs --info` prints, as (label, value) pairs."""
     import platform
     import ssl
+    import sysconfig
 
     import zuvrs
     from zuvrs import _zuvrs
@@ -43,8 +44,9 @@ def info():
     libuv = ".".join(str(n) for n in zuvrs.libuv_version())
     impl = platform.python_implementation()
     gil = ""
-    if hasattr(sys, "_is_gil_enabled"):
-        gil = ", GIL enabled" if sys._is_gil_enabled() else ", GIL disabled"
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        enabled = sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True
+        gil = ", free-threaded build, GIL " + ("enabled" if enabled else "disabled")
     return [
         ("zuvrs", zuvrs.__version__),
         ("libuv", libuv),
@@ -124,16 +126,41 @@ def _run_script(path, args):
         )
         return 2
     sys.argv[:] = [path, *args]
-    # As `python script.py`: the script's directory comes first on sys.path
-    # (instead of the current directory `python -m zuvrs` put there); run_path
-    # puts a directory or zip file there itself.
-    if _first_path_entry_is_ours():
-        if os.path.isfile(path) and not _is_zip(path):
-            sys.path[0] = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or _is_zip(path):
+        # A directory or zip file with __main__.py: as Python does, it goes
+        # first on sys.path (in place of the current directory) and its
+        # __main__ module runs as `python -m __main__` would.
+        if _first_path_entry_is_ours():
+            sys.path[0] = os.path.abspath(path)
         else:
-            del sys.path[0]
+            sys.path.insert(0, os.path.abspath(path))
+        _install()
+        runpy._run_module_as_main("__main__", alter_argv=False)
+        return 0
+    # As `python script.py`: the script's directory comes first on sys.path
+    # (in place of the current directory `python -m zuvrs` put there), the
+    # script is __main__ for good, its __file__ and code are named by its
+    # absolute path while sys.argv[0] stays as given.
+    import builtins
+    import io
+    import types
+    from importlib.machinery import SourceFileLoader
+
+    filename = os.path.abspath(path)
+    if _first_path_entry_is_ours():
+        sys.path[0] = os.path.dirname(filename)
+    with io.open_code(filename) as f:
+        source = f.read()
+    module = types.ModuleType("__main__")
+    module.__dict__.update(
+        __file__=filename,
+        __cached__=None,
+        __builtins__=builtins,
+        __loader__=SourceFileLoader("__main__", filename),
+    )
+    sys.modules["__main__"] = module
     _install()
-    runpy.run_path(path, run_name="__main__")
+    exec(compile(source, filename, "exec"), module.__dict__)
     return 0
 
 
