@@ -469,3 +469,36 @@ def test_anyio_run_with_loop_factory():
         return type(asyncio.get_running_loop())
 
     assert anyio.run(main, backend="asyncio", backend_options={"loop_factory": zuvrs.new_event_loop}) is zuvrs.Loop
+
+
+# -- aiohttp's own runner --------------------------------------------------------------
+
+AIOHTTP_RUN_APP = textwrap.dedent(
+    """\
+    import socket
+    import sys
+
+    from aiohttp import web
+
+    import zuvrs
+    from aiohttp_app import make_app
+
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    web.run_app(make_app(), sock=sock, loop=zuvrs.new_event_loop(), print=None)
+    """
+)
+
+
+def test_aiohttp_run_app_with_zuvrs_loop(serve):
+    pytest.importorskip("aiohttp")
+    server = serve(
+        [sys.executable, "serve_aiohttp.py", "{fd}"],
+        {"aiohttp_app.py": AIOHTTP_APP, "serve_aiohttp.py": AIOHTTP_RUN_APP},
+    )
+    answers = [server.request(f"/{n}", body=str(n)) for n in range(5)]
+    assert all(a["zuvrs"] for a in answers)
+    assert {a["pid"] for a in answers} == {server.proc.pid}
+    code = server.stop(signal.SIGINT)
+    log = server.output()
+    assert code == 0, log
+    assert "Traceback" not in log, log
