@@ -11,8 +11,8 @@ policy back at the end), which is how the test runners make their loops
 when a project does not choose one:
 
 * pytest-asyncio: its ``event_loop_policy`` fixture returns the current
-  policy and its runners make their loops from it (0.23 to 1.x; a project
-  that overrides ``event_loop_policy`` or implements
+  policy and its runners make their loops from it (so since 0.23; tested
+  with 1.5; a project that overrides ``event_loop_policy`` or implements
   ``pytest_asyncio_loop_factories`` keeps its own choice);
 * AnyIO's pytest plugin: ``anyio_backend = "asyncio"`` runs on
   ``asyncio.Runner`` without a loop factory, hence on the policy's loop
