@@ -3,8 +3,11 @@
 # with Python 3 and Rust: libclang (bindgen in libuv-sys2), openssl (TLS test
 # certificates fall back to its CLI), wrk (the HTTP benchmarks' load
 # generator, http and https), and a virtualenv in .venv with maturin,
-# pytest, pytest-codspeed, the loops we compare with, and the applications the
-# tests serve (uvicorn, aiohttp) with their clients.
+# pytest, pytest-codspeed, the loops we compare with, the applications the
+# tests serve (uvicorn, aiohttp) with their clients, the servers and test
+# plugins the integrations are tested with (gunicorn and its uvicorn worker,
+# hypercorn, pytest-asyncio, pytest-aiohttp, anyio's plugin), and ruff and
+# mypy for tools/lint.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,4 +27,5 @@ echo "== installing Python packages"
 .venv/bin/python -m pip install -q --disable-pip-version-check \
     "maturin>=1.5,<2" "pytest>=7" "pytest-codspeed>=3" uvloop rloop \
     uvicorn httptools httpx aiohttp websockets cryptography \
-    ruff mypy
+    gunicorn uvicorn-worker hypercorn pytest-asyncio pytest-aiohttp anyio \
+    ruff mypy typing-extensions

@@ -4,10 +4,17 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, Callable, TypeVar
 
+from typing_extensions import deprecated
+
 if sys.version_info >= (3, 11):
     from typing import TypeVarTuple, Unpack
 else:
     from typing_extensions import TypeVarTuple, Unpack
+if sys.version_info >= (3, 14):
+    from asyncio.events import _BaseDefaultEventLoopPolicy as _BasePolicy
+else:
+    from asyncio.events import BaseDefaultEventLoopPolicy as _BasePolicy
+    from asyncio.unix_events import AbstractChildWatcher
 
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
@@ -60,13 +67,20 @@ class Loop(asyncio.BaseEventLoop):
         context: contextvars.Context | None = None,
     ) -> TimerHandle: ...
 
-class EventLoopPolicy(asyncio.AbstractEventLoopPolicy):
+class EventLoopPolicy(_BasePolicy):
     def get_event_loop(self) -> asyncio.AbstractEventLoop: ...
     def set_event_loop(self, loop: asyncio.AbstractEventLoop | None) -> None: ...
     def new_event_loop(self) -> Loop: ...
-    if sys.version_info < (3, 14):
-        def get_child_watcher(self) -> asyncio.AbstractChildWatcher: ...
-        def set_child_watcher(self, watcher: asyncio.AbstractChildWatcher | None) -> None: ...
+    # Up to 3.13, as asyncio's Unix policy: the watcher serves stock asyncio
+    # loops (zuvrs loops watch their own children).
+    if sys.version_info >= (3, 12) and sys.version_info < (3, 14):
+        @deprecated("Deprecated since Python 3.12; removed in Python 3.14.")
+        def get_child_watcher(self) -> AbstractChildWatcher: ...
+        @deprecated("Deprecated since Python 3.12; removed in Python 3.14.")
+        def set_child_watcher(self, watcher: AbstractChildWatcher | None) -> None: ...
+    elif sys.version_info < (3, 12):
+        def get_child_watcher(self) -> AbstractChildWatcher: ...
+        def set_child_watcher(self, watcher: AbstractChildWatcher | None) -> None: ...
 
 def new_event_loop() -> Loop: ...
 def install() -> None: ...
