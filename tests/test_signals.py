@@ -469,3 +469,120 @@ def test_child_that_exited_before_it_is_watched(loop, monkeypatch):
         # watcher, which needs the loop to be the current one.
         asyncio.set_event_loop(loop)
     assert loop.run_until_complete(main()) == 7
+
+
+# -- the program's own wakeup fd ----------------------------------------------------
+#
+# asyncio's run_forever does not touch signal.set_wakeup_fd, so a wakeup fd
+# the program set receives the signal numbers during a run. zuvrs points the
+# wakeup fd at its own socket while it runs (libuv retries a poll that a
+# signal interrupts, so the loop needs the byte to wake up for Ctrl-C) and
+# forwards the bytes it reads to the program's fd.
+
+@pytest.fixture
+def program_wakeup_fd(signal_state):
+    """A non-blocking socket pair whose write end the program set as its wakeup fd."""
+    r, w = socket.socketpair()
+    r.setblocking(False)
+    w.setblocking(False)
+    signal.set_wakeup_fd(w.fileno())
+    try:
+        yield r, w
+    finally:
+        signal.set_wakeup_fd(-1)
+        r.close()
+        w.close()
+
+
+def received(sock):
+    try:
+        return sock.recv(100)
+    except BlockingIOError:
+        return b""
+
+
+def current_wakeup_fd():
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    return fd
+
+
+def test_program_wakeup_fd_receives_signals_during_run(loop, program_wakeup_fd):
+    r, w = program_wakeup_fd
+    ran = []
+    passed = deadline_marker(loop)
+
+    def on_usr1(signum, frame):
+        ran.append(bool(passed))
+        loop.stop()
+
+    signal.signal(signal.SIGUSR1, on_usr1)
+    loop.call_soon(_thread.interrupt_main, signal.SIGUSR1)
+    loop.call_later(TIMEOUT, loop.stop)
+    loop.run_forever()
+    assert ran == [False]
+    assert received(r) == bytes([signal.SIGUSR1])
+    assert current_wakeup_fd() == w.fileno()
+
+
+def test_program_wakeup_fd_and_ctrl_c_both_served(loop, program_wakeup_fd):
+    # With the program's wakeup fd in place, Ctrl-C still wakes the loop
+    # while it waits, and the program's fd gets SIGINT's byte.
+    r, w = program_wakeup_fd
+    late = []
+    passed = deadline_marker(loop)
+
+    def on_sigint(signum, frame):
+        late.append(bool(passed))
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    loop.call_soon(_thread.interrupt_main)
+    loop.call_later(TIMEOUT, loop.stop)
+    with pytest.raises(KeyboardInterrupt):
+        loop.run_forever()
+    assert late == [False]
+    assert received(r) == bytes([signal.SIGINT])
+    assert current_wakeup_fd() == w.fileno()
+
+
+def test_program_wakeup_fd_receives_signal_of_last_turn(loop, program_wakeup_fd):
+    # The signal comes in the run's last turn, after which the loop does not
+    # poll again: its byte still reaches the program's fd.
+    r, w = program_wakeup_fd
+    ran = []
+    signal.signal(signal.SIGUSR1, lambda signum, frame: ran.append(signum))
+    loop.call_soon(_thread.interrupt_main, signal.SIGUSR1)
+    loop.call_soon(loop.stop)
+    loop.run_forever()
+    assert ran == [signal.SIGUSR1]
+    assert received(r) == bytes([signal.SIGUSR1])
+    assert current_wakeup_fd() == w.fileno()
+
+
+def test_program_wakeup_fd_over_several_runs(loop, program_wakeup_fd):
+    r, w = program_wakeup_fd
+    signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    for _ in range(3):
+        loop.call_soon(_thread.interrupt_main, signal.SIGUSR1)
+        loop.call_soon(loop.call_soon, loop.stop)
+        loop.run_forever()
+        _thread.interrupt_main(signal.SIGUSR1)  # between runs: straight to the program's fd
+    assert received(r) == bytes([signal.SIGUSR1]) * 6
+    assert current_wakeup_fd() == w.fileno()
+
+
+def test_wakeup_fd_set_during_run_is_kept(loop, signal_state):
+    # A wakeup fd the program sets while the loop runs is the program's
+    # after the run (asyncio never touches it in run_forever).
+    r, w = socket.socketpair()
+    w.setblocking(False)
+    try:
+        loop.call_soon(signal.set_wakeup_fd, w.fileno())
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+        assert current_wakeup_fd() == w.fileno()
+    finally:
+        signal.set_wakeup_fd(-1)
+        r.close()
+        w.close()
