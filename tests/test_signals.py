@@ -1,18 +1,25 @@
 """add_signal_handler / remove_signal_handler and Ctrl-C handling.
 
-Tests that actually deliver a signal run in a child interpreter: a loop that
-fails to install its handler would otherwise let SIGUSR1's default action
-kill the whole test session.
+Tests of add_signal_handler that deliver a signal run in a child
+interpreter: a loop that fails to install its handler would otherwise let
+SIGUSR1's default action kill the whole test session. The tests of the
+windows around the poll and of the program's own wakeup fd deliver signals
+to this process, with Python handlers they install (and remove) themselves.
 """
 
+import _thread
+import asyncio
+import os
 import signal
+import socket
+import subprocess
 import sys
 import textwrap
 import threading
 import time
 
 import pytest
-from _support import last_json_line, noop_coro, run_child, spawn_child
+from _support import PY311, TIMEOUT, last_json_line, noop_coro, run_child, spawn_child
 
 # -- argument checking (no signal is delivered) ------------------------------------
 
@@ -273,3 +280,307 @@ def test_sigint_interrupts_run(loop_name, main_kind):
         assert out.split() == ["main", "cancelled"]
     else:
         assert out == ""
+
+
+# -- signals in this process: the windows around the poll -------------------------
+#
+# These tests deliver signals to the test process itself, in the main thread,
+# so they set the dispositions they need (the suite may have been started
+# with SIGINT ignored: a background job of a non-interactive shell, nohup,
+# trap '' INT) and put back what they found, the wakeup fd included.
+
+@pytest.fixture
+def signal_state():
+    """Saves SIGINT's and SIGUSR1's dispositions and the wakeup fd; restores them."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGUSR1)}
+    wakeup = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            # None: a handler not installed from Python, which cannot be put back.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        signal.set_wakeup_fd(wakeup)
+
+
+def deadline_marker(loop):
+    """A list that a C callback (no bytecode runs in it) fills at the guard
+    deadline, just before the guard stops the loop. A signal handler that
+    finds it empty ran before the deadline: the loop woke up for the signal
+    itself, not for the guard's timer."""
+    passed = []
+    loop.call_later(TIMEOUT, passed.append, True)
+    return passed
+
+
+def test_sigint_tripped_just_before_a_blocking_poll(loop, signal_state):
+    # The last callback of the turn trips SIGINT from C code and returns:
+    # no bytecode runs after it (so the interpreter has no chance to run the
+    # handler), the ready queue is empty, and the loop goes on to a poll that
+    # only the wakeup fd (or the guard's timer) can end. (interrupt_main()
+    # trips the signal as the C signal handler does; signal.raise_signal()
+    # and os.kill() would also run the Python handler before returning.)
+    late = []
+    passed = deadline_marker(loop)
+
+    def on_sigint(signum, frame):
+        late.append(bool(passed))
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    loop.call_soon(_thread.interrupt_main)
+    loop.call_later(TIMEOUT, loop.stop)
+    with pytest.raises(KeyboardInterrupt):
+        loop.run_forever()
+    assert late == [False]
+
+
+def test_python_signal_handler_tripped_just_before_a_blocking_poll(loop, signal_state):
+    # The same for a plain Python handler (the kind asyncio.Runner installs
+    # for SIGINT): it must run while the loop waits, not at the next event.
+    ran = []
+    passed = deadline_marker(loop)
+
+    def on_usr1(signum, frame):
+        ran.append(bool(passed))
+        loop.stop()
+
+    signal.signal(signal.SIGUSR1, on_usr1)
+    loop.call_soon(_thread.interrupt_main, signal.SIGUSR1)
+    loop.call_later(TIMEOUT, loop.stop)
+    loop.run_forever()
+    assert ran == [False]
+
+
+def test_sigint_from_another_thread_while_blocked(loop, signal_state):
+    # The loop waits (no timer before the guard's) with the GIL released
+    # while another thread signals the main thread.
+    late = []
+    passed = deadline_marker(loop)
+
+    def on_sigint(signum, frame):
+        late.append(bool(passed))
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    main = threading.main_thread().ident
+    killer = threading.Thread(target=lambda: (time.sleep(0.05), signal.pthread_kill(main, signal.SIGINT)))
+    loop.call_soon(killer.start)
+    loop.call_later(TIMEOUT, loop.stop)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_forever()
+    finally:
+        killer.join()
+    assert late == [False]
+
+
+@pytest.mark.skipif(not PY311, reason="asyncio.Runner (3.11+) cancels the main task on Ctrl-C")
+def test_runner_interrupt_just_before_a_blocking_poll(loop_factory, signal_state):
+    # CPython's test_runners interrupt tests, made deterministic: the main
+    # task waits on a future and the interrupt comes from a C callback, so
+    # Runner's SIGINT handler (which cancels the main task) only runs if the
+    # wakeup fd wakes the poll.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    fut_box = []
+    passed = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        fut_box.append(fut)
+        passed.append(deadline_marker(loop))
+        loop.call_later(TIMEOUT, fut.cancel)
+        loop.call_soon(_thread.interrupt_main)
+        await fut
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(main())
+    assert passed == [[]]
+    assert fut_box[0].cancelled()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.skipif(not PY311, reason="asyncio.Runner is 3.11+")
+def test_ignored_sigint_stays_ignored_by_runner(loop_factory, signal_state):
+    # Why the Ctrl-C tests of uvloop and of CPython's test_runners hang when
+    # the test process starts with SIGINT ignored (a background job of a
+    # non-interactive shell, nohup ... &): Python keeps an inherited SIG_IGN,
+    # asyncio.Runner then installs no handler, interrupt_main() does nothing,
+    # and a child process inherits SIG_IGN and is not stopped by SIGINT. Both
+    # loops leave it so.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    async def main():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        _thread.interrupt_main()
+        signal.raise_signal(signal.SIGINT)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return "done"
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        assert runner.run(main()) == "done"
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_keyboard_interrupt_from_protocol_callback_stops_a_waiting_loop(loop):
+    # data_received runs inside libuv's read callback on zuvrs; what it
+    # raises must end run_forever although nothing else would wake the loop.
+    class Raiser(asyncio.Protocol):
+        def data_received(self, data):
+            raise KeyboardInterrupt
+
+    a, b = socket.socketpair()
+    try:
+        transport, _ = loop.run_until_complete(loop.connect_accepted_socket(Raiser, a))
+        passed = deadline_marker(loop)
+        loop.call_later(TIMEOUT, loop.stop)
+        loop.call_soon(b.send, b"x")
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_forever()
+        assert passed == []
+        transport.abort()
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        b.close()
+
+
+def test_child_that_exited_before_it_is_watched(loop, monkeypatch):
+    # The child has exited (not yet reaped) by the time Popen returns, before
+    # the loop sets up its watcher: the exit must still be reported.
+    class ExitedPopen(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+
+    monkeypatch.setattr(subprocess, "Popen", ExitedPopen)
+
+    async def main():
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "raise SystemExit(7)")
+        return await asyncio.wait_for(proc.wait(), TIMEOUT)
+
+    if sys.version_info < (3, 12):
+        # 3.11's policy watches children of the stdlib loop with its child
+        # watcher, which needs the loop to be the current one.
+        asyncio.set_event_loop(loop)
+    assert loop.run_until_complete(main()) == 7
+
+
+# -- the program's own wakeup fd ----------------------------------------------------
+#
+# asyncio's run_forever does not touch signal.set_wakeup_fd, so a wakeup fd
+# the program set receives the signal numbers during a run. zuvrs points the
+# wakeup fd at its own socket while it runs (libuv retries a poll that a
+# signal interrupts, so the loop needs the byte to wake up for Ctrl-C) and
+# forwards the bytes it reads to the program's fd.
+
+@pytest.fixture
+def program_wakeup_fd(signal_state):
+    """A non-blocking socket pair whose write end the program set as its wakeup fd."""
+    r, w = socket.socketpair()
+    r.setblocking(False)
+    w.setblocking(False)
+    signal.set_wakeup_fd(w.fileno())
+    try:
+        yield r, w
+    finally:
+        signal.set_wakeup_fd(-1)
+        r.close()
+        w.close()
+
+
+def received(sock):
+    try:
+        return sock.recv(100)
+    except BlockingIOError:
+        return b""
+
+
+def current_wakeup_fd():
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    return fd
+
+
+def test_program_wakeup_fd_receives_signals_during_run(loop, program_wakeup_fd):
+    r, w = program_wakeup_fd
+    ran = []
+    passed = deadline_marker(loop)
+
+    def on_usr1(signum, frame):
+        ran.append(bool(passed))
+        loop.stop()
+
+    signal.signal(signal.SIGUSR1, on_usr1)
+    loop.call_soon(_thread.interrupt_main, signal.SIGUSR1)
+    loop.call_later(TIMEOUT, loop.stop)
+    loop.run_forever()
+    assert ran == [False]
+    assert received(r) == bytes([signal.SIGUSR1])
+    assert current_wakeup_fd() == w.fileno()
+
+
+def test_program_wakeup_fd_and_ctrl_c_both_served(loop, program_wakeup_fd):
+    # With the program's wakeup fd in place, Ctrl-C still wakes the loop
+    # while it waits, and the program's fd gets SIGINT's byte.
+    r, w = program_wakeup_fd
+    late = []
+    passed = deadline_marker(loop)
+
+    def on_sigint(signum, frame):
+        late.append(bool(passed))
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    loop.call_soon(_thread.interrupt_main)
+    loop.call_later(TIMEOUT, loop.stop)
+    with pytest.raises(KeyboardInterrupt):
+        loop.run_forever()
+    assert late == [False]
+    assert received(r) == bytes([signal.SIGINT])
+    assert current_wakeup_fd() == w.fileno()
+
+
+def test_program_wakeup_fd_receives_signal_of_last_turn(loop, program_wakeup_fd):
+    # The signal comes in the run's last turn, after which the loop does not
+    # poll again: its byte still reaches the program's fd.
+    r, w = program_wakeup_fd
+    ran = []
+    signal.signal(signal.SIGUSR1, lambda signum, frame: ran.append(signum))
+    loop.call_soon(_thread.interrupt_main, signal.SIGUSR1)
+    loop.call_soon(loop.stop)
+    loop.run_forever()
+    assert ran == [signal.SIGUSR1]
+    assert received(r) == bytes([signal.SIGUSR1])
+    assert current_wakeup_fd() == w.fileno()
+
+
+def test_program_wakeup_fd_over_several_runs(loop, program_wakeup_fd):
+    r, w = program_wakeup_fd
+    signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    for _ in range(3):
+        loop.call_soon(_thread.interrupt_main, signal.SIGUSR1)
+        loop.call_soon(loop.call_soon, loop.stop)
+        loop.run_forever()
+        _thread.interrupt_main(signal.SIGUSR1)  # between runs: straight to the program's fd
+    assert received(r) == bytes([signal.SIGUSR1]) * 6
+    assert current_wakeup_fd() == w.fileno()
+
+
+def test_wakeup_fd_set_during_run_is_kept(loop, signal_state):
+    # A wakeup fd the program sets while the loop runs is the program's
+    # after the run (asyncio never touches it in run_forever).
+    r, w = socket.socketpair()
+    w.setblocking(False)
+    try:
+        loop.call_soon(signal.set_wakeup_fd, w.fileno())
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+        assert current_wakeup_fd() == w.fileno()
+    finally:
+        signal.set_wakeup_fd(-1)
+        r.close()
+        w.close()

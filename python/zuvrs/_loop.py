@@ -11,6 +11,7 @@ close, add_reader/add_writer argument handling and signals.
 
 import asyncio
 import errno
+import os
 import signal
 import socket
 import sys
@@ -68,6 +69,17 @@ def _ignore_signal(signum, frame):
     handler has already written the signal number to the wakeup socket."""
 
 
+# The write ends of the loops' wakeup sockets. Signal bytes are forwarded to
+# the wakeup fd a loop displaced only when that is not one of these: a loop's
+# bytes are for the loop that holds the wakeup fd, and two loops forwarding
+# to each other would pass the same bytes back and forth.
+_LOOP_WAKEUP_SOCKETS = weakref.WeakSet()
+
+
+def _is_loop_wakeup_fd(fd):
+    return any(sock.fileno() == fd for sock in _LOOP_WAKEUP_SOCKETS)
+
+
 class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop):
     """A libuv event loop implementing asyncio.AbstractEventLoop."""
 
@@ -79,6 +91,9 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         # The wakeup fd that was set before this loop claimed it, or None
         # while the loop does not hold it.
         self._wakeup_previous = None
+        # Where the signal bytes the loop reads are forwarded while it holds
+        # the wakeup fd: the program's own wakeup fd (None if there was none).
+        self._wakeup_forward = None
         # fd -> open socket transport, as asyncio keeps it (add_reader and
         # friends refuse a transport's fd; asyncio's own transports, which
         # zuvrs uses for what a native core cannot serve, register here).
@@ -253,10 +268,16 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
             r.setblocking(False)
             w.setblocking(False)
             self._wakeup_r, self._wakeup_w = r, w
+            _LOOP_WAKEUP_SOCKETS.add(w)
             self._set_fd_handler(r.fileno(), False, self._drain_wakeup_socket, ())
 
     def _claim_wakeup_fd(self, quiet=False):
-        """Point signal.set_wakeup_fd at this loop (main thread only)."""
+        """Point signal.set_wakeup_fd at this loop (main thread only).
+
+        A wakeup fd the program had set keeps receiving the signal bytes:
+        the loop forwards what it reads to it (see _forward_signal_bytes)
+        and puts it back when it lets go.
+        """
         if self._wakeup_previous is not None:
             return
         self._ensure_wakeup_socket()
@@ -267,16 +288,65 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
                 return
             raise RuntimeError(str(exc)) from None
         self._wakeup_previous = previous
+        if previous >= 0 and not _is_loop_wakeup_fd(previous):
+            self._wakeup_forward = previous
 
     def _release_wakeup_fd(self):
         """Give the wakeup fd back once neither a run nor a handler needs it."""
         if self._wakeup_previous is None or self._signal_handlers or self.is_running():
             return
+        previous, forward = self._wakeup_previous, self._wakeup_forward
+        self._wakeup_previous = self._wakeup_forward = None
+        mine = self._wakeup_w.fileno()
         try:
-            signal.set_wakeup_fd(self._wakeup_previous)
+            current = signal.set_wakeup_fd(previous)
         except (ValueError, OSError) as exc:
-            logger.info("set_wakeup_fd(%s) failed: %s", self._wakeup_previous, exc)
-        self._wakeup_previous = None
+            logger.info("set_wakeup_fd(%s) failed: %s", previous, exc)
+            # Do not leave this loop's socket, closed with the loop, as the
+            # wakeup fd.
+            current = signal.set_wakeup_fd(-1)
+        if current != mine:
+            # Somebody (the program, another loop) set a wakeup fd of their
+            # own while this loop held it: it stays, as with asyncio, whose
+            # run_forever does not touch the wakeup fd.
+            try:
+                signal.set_wakeup_fd(current)
+            except (ValueError, OSError) as exc:
+                logger.info("set_wakeup_fd(%s) failed: %s", current, exc)
+        # Signals that arrived since the last drain (say, in the run's last
+        # turn, which does not poll again) still reach the program's fd.
+        leftover = self._read_wakeup_socket()
+        if leftover and forward is not None:
+            self._forward_signal_bytes(forward, leftover)
+
+    def _read_wakeup_socket(self):
+        """Everything waiting in the wakeup socket (b"" if nothing)."""
+        chunks = []
+        while True:
+            try:
+                data = self._wakeup_r.recv(4096)
+            except InterruptedError:
+                continue
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            chunks.append(data)
+        return b"".join(chunks)
+
+    @staticmethod
+    def _forward_signal_bytes(fd, data):
+        """Write signal numbers read from the wakeup socket to the program's
+        wakeup fd, which the C signal handler would have written them to.
+        As the C handler does, bytes that do not fit (the fd must be
+        non-blocking) and errors (a closed fd) are dropped."""
+        while data:
+            try:
+                data = data[os.write(fd, data):]
+            except InterruptedError:
+                continue
+            except OSError:
+                return
 
     def _drain_wakeup_socket(self):
         # Running this Python function also lets the interpreter run any
@@ -290,6 +360,8 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
                 return
             if not data:
                 return
+            if self._wakeup_forward is not None:
+                self._forward_signal_bytes(self._wakeup_forward, data)
             for signum in data:
                 handle = self._signal_handlers.get(signum)
                 if handle is None:

@@ -69,6 +69,7 @@ import faulthandler
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -329,6 +330,12 @@ class _Recorder(unittest.TestResult):
 
 
 def child_main(args):
+    # A suite started from a background job of a non-interactive shell
+    # (``... &`` in a script, ``nohup ... &``) inherits SIGINT ignored, and
+    # Python, asyncio and zuvrs all keep an inherited SIG_IGN: the tests that
+    # interrupt themselves (test_runners' interrupt_main() tests) would wait
+    # forever on either loop. They get what an interactive shell gives.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     factory = _loop_under_test(args.loop)
     if args.replace_testloop:
         _replace_testloop(factory)
