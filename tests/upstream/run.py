@@ -106,33 +106,57 @@ LOOPS = ("zuvrs", "asyncio", "uvloop")
 COLUMNS = ("passed", "failed", "errors", "skipped")
 
 # What --ci runs (zuvrs only): suite -> files (None: the whole suite).
-# Chosen for speed and steadiness: together they take about N minutes on the
-# project's 2-core machine; see tests/upstream/README section in RESULTS.md.
+# Chosen for speed and steadiness. Left out: websockets (no tests on PyPI);
+# uvloop's test_tcp.py (2.5 min, two tests run into the 60 s timeout) and
+# test_sockets.py (a test hangs until the watchdog); AnyIO's test_sockets.py
+# (results vary from run to run on every loop, with the sandbox's IPv6) and
+# test_pytest_plugin.py (slow, pytester); most of aiohttp's (its whole suite
+# takes about 20 minutes per loop; its parser and helper tests do not depend
+# on the loop). The selection takes about 5 minutes.
 CI_SELECTION = {
     "cpython": None,
     "uvloop": [
+        "tests/test_aiohttp.py",
         "tests/test_base.py",
         "tests/test_context.py",
+        "tests/test_dealloc.py",
+        "tests/test_dns.py",
         "tests/test_executors.py",
         "tests/test_pipes.py",
+        "tests/test_process.py",
+        "tests/test_process_spawning.py",
+        "tests/test_regr1.py",
         "tests/test_runner.py",
+        "tests/test_signals.py",
+        "tests/test_testbase.py",
         "tests/test_udp.py",
         "tests/test_unix.py",
     ],
     "anyio": [
-        "tests/test_taskgroups.py",
-        "tests/test_synchronization.py",
+        "tests/streams",
+        "tests/test_concurrency_utils.py",
+        "tests/test_contextmanagers.py",
+        "tests/test_debugging.py",
         "tests/test_eventloop.py",
+        "tests/test_fileio.py",
         "tests/test_from_thread.py",
+        "tests/test_functools.py",
+        "tests/test_futures.py",
+        "tests/test_itertools.py",
+        "tests/test_lowlevel.py",
+        "tests/test_signals.py",
+        "tests/test_subprocesses.py",
+        "tests/test_synchronization.py",
+        "tests/test_taskgroups.py",
+        "tests/test_tempfile.py",
+        "tests/test_to_process.py",
         "tests/test_to_thread.py",
-        "tests/streams/test_memory.py",
-        "tests/test_sockets.py",
     ],
     "aiohttp": [
-        "tests/test_client_functional.py",
         "tests/test_web_functional.py",
         "tests/test_web_websocket_functional.py",
         "tests/test_client_ws_functional.py",
+        "tests/test_web_server.py",
     ],
 }
 
@@ -678,7 +702,7 @@ def check_ratchet(results, selection):
     for suite, files in selection.items():
         got = now.get(suite, {})
         for f, recorded in ratchet.get(suite, {}).items():
-            if files and f not in files:
+            if files and not any(f == x or f.startswith(x.rstrip("/") + "/") for x in files):
                 continue  # not part of this run
             n = got.get(f, 0)
             if n < recorded:
