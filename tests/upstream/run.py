@@ -622,6 +622,24 @@ def text_table(suite, source, files_by_loop, loops):
     return "\n".join(lines)
 
 
+# Printed under each suite's table in the markdown.
+SUITE_NOTES = {
+    "cpython": "Through tests/cpython/run_cpython_suite.py (`--group all`). Most of uvloop's errors "
+               "here come from test_utils.TestCase's teardown, which reads `loop._default_executor`, "
+               "an attribute of asyncio's BaseEventLoop that uvloop's loop does not have.",
+    "uvloop": "zuvrs runs uvloop's `UV` classes through the stand-in `uvloop` package "
+              "(tests/upstream/stand_in/). test_fs_event.py and test_libuv_api.py import "
+              "uvloop-only extensions and fail to import there.",
+    "anyio": "The `[asyncio]` parametrisation only. Most failures on every loop are this "
+             "machine's: names that do not resolve in its sandbox, IPv6.",
+    "aiohttp": "`--aiohttp-loop=pyloop` with asyncio's default policy replaced. The failures on "
+               "every loop are this machine's (file-permission tests run as root, "
+               "`import aiohttp.worker` without gunicorn).",
+    "websockets": "Its tests/asyncio and tests/legacy, from a source tree (websockets' sdists "
+                  "ship no tests), run with WEBSOCKETS_TESTS_TIMEOUT_FACTOR=5.",
+}
+
+
 def markdown(results, sources, loops, notes, meta):
     out = [
         "# Upstream test suites on zuvrs",
@@ -652,6 +670,8 @@ def markdown(results, sources, loops, notes, meta):
         for r in rows:
             out.append(f"| {r[0]} | " + " | ".join(cell(c) for c in r[1:]) + " |")
         out.append("| **total** | " + " | ".join(cell(totals[l]) for l in loops) + " |")
+        if suite in SUITE_NOTES:
+            out += ["", SUITE_NOTES[suite]]
     if notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(out) + "\n"
