@@ -68,8 +68,9 @@ target/upstream/logs/.
 
 Usage::
 
-    tools/upstream.sh                        # everything (about an hour)
-    tools/upstream.sh --ci                   # the CI subset (a few minutes)
+    tools/upstream.sh                        # everything, three loops (about 70 minutes:
+                                             #   aiohttp ~45, uvloop ~9, cpython ~7, anyio ~5)
+    tools/upstream.sh --ci                   # the CI subset, zuvrs only (about 3.5 minutes)
     tools/upstream.sh --suite uvloop --loop zuvrs,asyncio
     tools/upstream.sh --suite anyio --file test_taskgroups.py
     tools/upstream.sh --update-ratchet       # after a full run's worth of improvements
@@ -112,7 +113,8 @@ COLUMNS = ("passed", "failed", "errors", "skipped")
 # (results vary from run to run on every loop, with the sandbox's IPv6) and
 # test_pytest_plugin.py (slow, pytester); most of aiohttp's (its whole suite
 # takes about 20 minutes per loop; its parser and helper tests do not depend
-# on the loop). The selection takes about 5 minutes.
+# on the loop). The selection takes about 3.5 minutes (pip install
+# included; the sdists' download adds a few seconds on a fresh machine).
 CI_SELECTION = {
     "cpython": None,
     "uvloop": [
