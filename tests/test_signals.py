@@ -14,7 +14,6 @@ import time
 import pytest
 from _support import last_json_line, noop_coro, run_child, spawn_child
 
-
 # The tests that touch SIGINT in this process expect Python's default
 # handler; the suite may have been started with SIGINT ignored. (The child
 # interpreters reset it themselves: see _support.child_script.)

@@ -328,6 +328,11 @@ def run_pytest(label, cwd, args, env_extra, budget, test_timeout=TEST_TIMEOUT, w
                 os.path.join(HARNESS, "pytest_main.py"),
                 "-p", "zuvrs_upstream",
                 "-p", "no:cacheprovider",
+                # pytest plugins the project's venv has that the suites do not
+                # use (pytest-asyncio, pytest-aiohttp): they would take over
+                # async tests and loops.
+                "-p", "no:asyncio",
+                "-p", "no:aiohttp",
                 "-q",
                 "--continue-on-collection-errors",
                 "-o", "faulthandler_timeout=0",
@@ -615,7 +620,10 @@ def suite_rows(files_by_loop, loops):
 def text_table(suite, source, files_by_loop, loops):
     rows, totals = suite_rows(files_by_loop, loops)
     width = max([len(r[0]) for r in rows] + [5])
-    lines = [f"== {suite} ({source}): passed/failed/errors/skipped", f"{'file':{width}}" + "".join(f" | {l:>20}" for l in loops)]
+    lines = [
+        f"== {suite} ({source}): passed/failed/errors/skipped",
+        f"{'file':{width}}" + "".join(f" | {loop:>20}" for loop in loops),
+    ]
     lines.append("-" * len(lines[-1]))
     for r in rows:
         lines.append(f"{r[0]:{width}}" + "".join(f" | {cell(c):>20}" for c in r[1:]))
@@ -663,7 +671,8 @@ def markdown(results, sources, loops, notes, meta):
         if suite not in results:
             continue
         _, totals = suite_rows(results[suite], loops)
-        out.append(f"| {suite} | {sources[suite]} | " + " | ".join(cell(totals[l]) if l in results[suite] else "-" for l in loops) + " |")
+        cells = [cell(totals[loop]) if loop in results[suite] else "-" for loop in loops]
+        out.append(f"| {suite} | {sources[suite]} | " + " | ".join(cells) + " |")
     for suite in SUITES:
         if suite not in results:
             continue
