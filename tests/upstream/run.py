@@ -470,6 +470,11 @@ def suite_anyio(loops, files, args):
             f"anyio-{loop}", work,
             ["-p", "no:codspeed", *file_args(files, ["tests"])],
             {"ZUVRS_UPSTREAM_LOOP": loop,
+             # As in AnyIO's own runs: its configuration names the plugins
+             # it needs (-p anyio, pytest_mock, timeout), and the pytest
+             # sessions its pytester tests start must not load the other
+             # plugins of this venv (pytest-asyncio, pytest-aiohttp).
+             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
              # AnyIO's conftest parametrises anyio_backend with asyncio,
              # asyncio+uvloop, asyncio+eager (3.12+) and trio: keep asyncio.
              "ZUVRS_UPSTREAM_DESELECT": r"[\[-](asyncio\+uvloop|asyncio\+eager|asyncio\+winloop|trio)[\]-]"},
