@@ -230,6 +230,16 @@ def install_requirements():
     pip("install", "-q", "-r", REQUIREMENTS)
 
 
+def git_commit():
+    """The checkout's commit (the zuvrs build under test is built from it)."""
+    try:
+        out = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        return out.stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
 def installed_version(name):
     try:
         return importlib.metadata.version(name)
@@ -788,6 +798,8 @@ def load_saved(suites, loops):
                     data = json.load(f)
                 res[loop], sources[suite] = data["files"], data["source"]
                 notes += data["notes"]
+                if loop == "zuvrs" and data.get("commit"):
+                    sources[suite] += f"; zuvrs column: commit {data['commit']}"
         if res:
             results[suite] = res
     return results, sources, list(dict.fromkeys(notes))
@@ -856,7 +868,7 @@ def main(argv=None):
         if not selection[suite]:
             for loop, files in res.items():
                 with open(os.path.join(saved, f"{suite}.{loop}.json"), "w") as f:
-                    json.dump({"source": source, "notes": n,
+                    json.dump({"source": source, "notes": n, "commit": git_commit(),
                                "seconds": round(timings[suite]), "files": files}, f)
         log(f"   {timings[suite]:.0f}s")
         log(text_table(suite, source, res, loops))
