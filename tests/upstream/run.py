@@ -790,7 +790,7 @@ def load_saved(suites, loops):
     that ran a suite whole): (results, sources, notes)."""
     results, sources, notes = {}, {}, []
     for suite in suites:
-        res = {}
+        res, commit = {}, None
         for loop in loops:
             path = os.path.join(CACHE, "results", f"{suite}.{loop}.json")
             if os.path.exists(path):
@@ -799,7 +799,9 @@ def load_saved(suites, loops):
                 res[loop], sources[suite] = data["files"], data["source"]
                 notes += data["notes"]
                 if loop == "zuvrs" and data.get("commit"):
-                    sources[suite] += f"; zuvrs column: commit {data['commit']}"
+                    commit = data["commit"]
+        if res and commit:
+            sources[suite] += f"; zuvrs column: commit {commit}"
         if res:
             results[suite] = res
     return results, sources, list(dict.fromkeys(notes))
