@@ -1,6 +1,7 @@
 import asyncio
 import faulthandler
 import os
+import signal
 import sys
 import types
 import warnings
@@ -29,6 +30,26 @@ def _watchdog(request):
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture
+def sigint_default():
+    """SIGINT handled by Python's default handler (KeyboardInterrupt) during
+    the test, as in an interpreter started from an interactive shell.
+
+    A suite started from a shell that ignores SIGINT (a background job of a
+    non-interactive shell, ``trap '' INT``) inherits SIG_IGN, and Python,
+    asyncio and zuvrs all leave an ignored SIGINT ignored, so a test that
+    expects ``default_int_handler`` must set it. The disposition the test
+    found is restored afterwards.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        # None: a handler not installed from Python, which cannot be put back.
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
 
 
 @pytest.fixture(params=LOOP_NAMES)

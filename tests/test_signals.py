@@ -21,6 +21,11 @@ import time
 import pytest
 from _support import PY311, TIMEOUT, last_json_line, noop_coro, run_child, spawn_child
 
+# The tests that touch SIGINT in this process expect Python's default
+# handler; the suite may have been started with SIGINT ignored. (The child
+# interpreters reset it themselves: see _support.child_script.)
+pytestmark = pytest.mark.usefixtures("sigint_default")
+
 # -- argument checking (no signal is delivered) ------------------------------------
 
 @pytest.mark.parametrize("sig", [0, 1000, -1])

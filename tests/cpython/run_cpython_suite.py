@@ -10,6 +10,7 @@ ship separately, e.g. Debian's ``libpython3.X-testsuite``)::
 
     python3 tests/cpython/run_cpython_suite.py                  # zuvrs, scheduling modules
     python3 tests/cpython/run_cpython_suite.py --loop both      # zuvrs and the stdlib control
+    python3 tests/cpython/run_cpython_suite.py --loop all       # ... and uvloop, the peer
     python3 tests/cpython/run_cpython_suite.py test_events test_tasks --failures
     python3 tests/cpython/run_cpython_suite.py --group io       # network/TLS/subprocess modules
     python3 tests/cpython/run_cpython_suite.py --only test_gather --failures
@@ -30,7 +31,8 @@ How the loop under test gets in:
   loops it makes. ``asyncio.new_event_loop()``, ``asyncio.run()``,
   ``IsolatedAsyncioTestCase`` and every ``set_event_loop_policy(None)`` in
   the suite (each module's ``tearDownModule`` does one) then give the loop
-  under test.
+  under test. ``--loop uvloop`` does the same with uvloop's policy and
+  loops, for a column of the peer.
 * The per-loop-class mixins (test_events' ``EventLoopTestsMixin`` +
   ``SubprocessTestsMixin``, test_sock_lowlevel's ``BaseSockTestsMixin``,
   test_sendfile's ``SendfileTestsBase``) are instantiated once as
@@ -190,6 +192,11 @@ def _loop_under_test(loop_name):
         make, base_policy = zuvrs.new_event_loop, zuvrs.EventLoopPolicy
     elif loop_name == "asyncio":
         make, base_policy = asyncio.SelectorEventLoop, asyncio.DefaultEventLoopPolicy
+    elif loop_name == "uvloop":
+        # The peer: its policy in place of the default one, as for zuvrs.
+        import uvloop
+
+        make, base_policy = uvloop.new_event_loop, uvloop.EventLoopPolicy
     else:
         raise SystemExit(f"unknown loop {loop_name!r}")
 
@@ -507,7 +514,12 @@ def print_failures(results, loops, file=sys.stdout):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("modules", nargs="*", help="e.g. test_events or test.test_asyncgen (default: --group)")
-    p.add_argument("--loop", default="zuvrs", choices=("zuvrs", "asyncio", "both"))
+    p.add_argument(
+        "--loop",
+        default="zuvrs",
+        choices=("zuvrs", "asyncio", "uvloop", "both", "all"),
+        help="both: asyncio and zuvrs; all: asyncio, zuvrs and uvloop (the peer, its policy swapped in the same way)",
+    )
     p.add_argument("--group", default="scheduling", choices=("scheduling", "io", "all"))
     p.add_argument("--only", action="append", help="run only tests whose id contains this (repeatable)")
     p.add_argument("--replace-testloop", action="store_true", help="new_test_loop() without gen -> loop under test")
@@ -537,7 +549,7 @@ def main(argv=None):
         modules = [_full_module(m) for m in args.modules]
     else:
         modules = {"scheduling": SCHEDULING_MODULES, "io": IO_MODULES, "all": SCHEDULING_MODULES + IO_MODULES}[args.group]
-    loops = ["asyncio", "zuvrs"] if args.loop == "both" else [args.loop]
+    loops = {"both": ["asyncio", "zuvrs"], "all": ["asyncio", "zuvrs", "uvloop"]}.get(args.loop, [args.loop])
     log_path = args.log or tempfile.mkstemp(prefix="cpython-suite-", suffix=".log")[1]
     results = {loop: {} for loop in loops}
     env, seen = None, set()
