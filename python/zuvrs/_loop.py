@@ -73,7 +73,7 @@ def _ignore_signal(signum, frame):
 # the wakeup fd a loop displaced only when that is not one of these: a loop's
 # bytes are for the loop that holds the wakeup fd, and two loops forwarding
 # to each other would pass the same bytes back and forth.
-_LOOP_WAKEUP_SOCKETS = weakref.WeakSet()
+_LOOP_WAKEUP_SOCKETS: "weakref.WeakSet[socket.socket]" = weakref.WeakSet()
 
 
 def _is_loop_wakeup_fd(fd):
