@@ -61,6 +61,8 @@ pub(crate) mod event_loop {
         _extract_source_traceback,
         _check_thread,
         _check_callback,
+        // call_soon's keyword argument.
+        context,
     );
 }
 
@@ -83,6 +85,18 @@ pub(crate) fn call_method<'py, A: PyCallArgs<'py>>(
 ) -> PyResult<Bound<'py, PyAny>> {
     cell::check_crossing();
     obj.call_method1(name, args)
+}
+
+/// `obj.name(*args, **kwargs)`.
+#[inline]
+pub(crate) fn call_method_kw<'py, A: PyCallArgs<'py>>(
+    obj: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+    args: A,
+    kwargs: &Bound<'py, pyo3::types::PyDict>,
+) -> PyResult<Bound<'py, PyAny>> {
+    cell::check_crossing();
+    obj.call_method(name, args, Some(kwargs))
 }
 
 /// `func(*args)`.

@@ -247,3 +247,54 @@ pub(crate) unsafe fn run_in(
         ok
     }
 }
+
+/// The thread runs in a given context until this is dropped: what a
+/// transport's protocol callbacks run in (the context the transport was
+/// made in, one for its whole life, as uvloop keeps it).
+///
+/// Entering is skipped when that context is already the current one (a
+/// protocol callback that writes and so pauses itself, or a callback the
+/// loop runs in it), or is entered further up the stack (CPython refuses a
+/// second entry; the code then runs in the current context).
+pub(crate) struct ContextScope {
+    /// The context entered, or None when nothing was entered.
+    entered: Option<pyo3::Py<pyo3::PyAny>>,
+}
+
+impl ContextScope {
+    /// Makes `ctx` (a `contextvars.Context`) the current context.
+    #[inline]
+    pub(crate) fn enter(_py: pyo3::Python<'_>, ctx: pyo3::Py<pyo3::PyAny>) -> ContextScope {
+        let ptr = ctx.as_ptr();
+        // SAFETY: GIL held (the token); `ptr` is a live context, kept alive by
+        // the reference the scope holds; a failed entry leaves only its own
+        // error set, which is cleared.
+        unsafe {
+            if current_context() == ptr {
+                return ContextScope { entered: None };
+            }
+            if ffi::PyContext_Enter(ptr) < 0 {
+                ffi::PyErr_Clear();
+                return ContextScope { entered: None };
+            }
+        }
+        ContextScope { entered: Some(ctx) }
+    }
+}
+
+impl Drop for ContextScope {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(ctx) = self.entered.take() {
+            // SAFETY: the context was entered by `enter` on this thread, with
+            // the GIL held since (a scope lives within one libuv callback or
+            // one method call); exiting restores the previous context.
+            unsafe {
+                if ffi::PyContext_Exit(ctx.as_ptr()) < 0 {
+                    ffi::PyErr_Clear();
+                }
+            }
+            drop(ctx);
+        }
+    }
+}

@@ -16,6 +16,7 @@ use pyo3::PyClass;
 
 use crate::cell::NativeCell;
 use crate::errors::is_fatal_base;
+use crate::handles::context::ContextScope;
 use crate::eventloop::{warn_if_slow_io, LoopShared};
 use crate::python;
 use crate::uv::{sys, HandleBox};
@@ -48,11 +49,16 @@ pub(crate) struct TransportBase {
     /// Pause once the buffer reaches the high-water mark (asyncio's TLS
     /// transport), not once it exceeds it (its socket transports).
     pub(crate) pause_on_reaching_high: bool,
+    /// The context the protocol's callbacks run in: a copy of the one the
+    /// transport was made in (see `ContextScope`).
+    pub(crate) context: Py<PyAny>,
 }
 
 impl TransportBase {
-    pub(crate) fn new(loop_obj: Py<PyAny>, wrapper: Py<PyAny>) -> Self {
-        TransportBase {
+    pub(crate) fn new(py: Python<'_>, loop_obj: Py<PyAny>, wrapper: Py<PyAny>) -> PyResult<Self> {
+        // SAFETY: GIL held; a new reference or null with the error set.
+        let context = unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyContext_CopyCurrent())? }.unbind();
+        Ok(TransportBase {
             loop_obj,
             wrapper,
             protocol: None,
@@ -64,7 +70,8 @@ impl TransportBase {
             low_water: DEFAULT_HIGH_WATER / 4,
             protocol_paused: false,
             pause_on_reaching_high: false,
-        }
+            context,
+        })
     }
 
     /// Reading is wanted: started, not paused, not closing.
@@ -76,7 +83,8 @@ impl TransportBase {
     pub(crate) fn visit(&self, visit: &pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         visit.call(&self.loop_obj)?;
         visit.call(&self.wrapper)?;
-        visit.call(&self.protocol)
+        visit.call(&self.protocol)?;
+        visit.call(&self.context)
     }
 }
 
@@ -151,11 +159,21 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
         self.with_base(py, |b| b.protocol.as_ref().map(|p| p.clone_ref(py)))
     }
 
-    /// Schedules `wrapper._call_connection_lost(exc)` on the loop.
+    /// The protocol's context made current until the scope is dropped.
+    #[inline]
+    fn protocol_context(&self, py: Python<'_>) -> ContextScope {
+        ContextScope::enter(py, self.with_base(py, |b| b.context.clone_ref(py)))
+    }
+
+    /// Schedules `wrapper._call_connection_lost(exc)` on the loop, in the
+    /// protocol's context.
     fn schedule_connection_lost(&self, py: Python<'_>, exc: Option<Py<PyAny>>) -> PyResult<()> {
-        let (loop_obj, wrapper) = self.with_base(py, |b| (b.loop_obj.clone_ref(py), b.wrapper.clone_ref(py)));
+        let (loop_obj, wrapper, context) =
+            self.with_base(py, |b| (b.loop_obj.clone_ref(py), b.wrapper.clone_ref(py), b.context.clone_ref(py)));
         let cb = wrapper.bind(py).getattr(python::transport::_call_connection_lost(py))?;
-        python::call_method(loop_obj.bind(py), python::event_loop::call_soon(py), (cb, exc))?;
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item(python::event_loop::context(py), context)?;
+        python::call_method_kw(loop_obj.bind(py), python::event_loop::call_soon(py), (cb, exc), &kwargs)?;
         Ok(())
     }
 
@@ -236,6 +254,7 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
         failure: &str,
     ) -> PyResult<()> {
         let Some(protocol) = protocol else { return Ok(()) };
+        let _context = self.protocol_context(py);
         if let Err(err) = python::call_method(protocol.bind(py), method, ()) {
             if is_fatal_base(py, &err) {
                 return Err(err);
@@ -246,9 +265,9 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
     }
 
     /// The last step of a libuv callback that ran protocol code: debug
-    /// mode's slow-callback warning (`started` is the debug clock).
-    fn leave_io(&self, py: Python<'_>, started: Option<f64>) {
-        if let Some(started) = started {
+    /// mode's slow-callback warning, then the protocol's context left.
+    fn leave_io(&self, py: Python<'_>, scope: IoScope) {
+        if let Some(started) = scope.started {
             let (loop_obj, wrapper) = self.with_base(py, |b| (b.loop_obj.clone_ref(py), b.wrapper.clone_ref(py)));
             warn_if_slow_io(py, loop_obj.bind(py), wrapper.bind(py), started);
         }
@@ -267,20 +286,29 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
 }
 
 /// The first steps of a core's libuv callback: the core behind the handle
-/// (its `data`), the GIL taken back, the turn told that I/O happened, and
-/// the debug clock.
+/// (its `data`), the GIL taken back, the turn told that I/O happened, the
+/// debug clock, and the protocol's context made current (until the scope,
+/// which `leave_io` takes, is dropped).
 ///
 /// # Safety
 /// `handle`'s data is a live core of type `C` (its box keeps it alive until
 /// the close callback, which runs after every other callback of the handle);
 /// called inside uv_run on the loop's thread.
 #[inline]
-pub(crate) unsafe fn enter<'a, C: Transport>(handle: *mut sys::uv_handle_t) -> (&'a C, Python<'a>, Option<f64>) {
+pub(crate) unsafe fn enter<'a, C: Transport>(handle: *mut sys::uv_handle_t) -> (&'a C, Python<'a>, IoScope) {
     // SAFETY: per the contract.
     unsafe {
         let core = &*((*handle).data as *const C);
         let py = core.shared().enter_io();
         let started = core.shared().debug_clock(py);
-        (core, py, started)
+        let context = core.protocol_context(py);
+        (core, py, IoScope { started, _context: context })
     }
+}
+
+/// What a libuv callback entered (`enter`) and leaves (`Transport::leave_io`).
+pub(crate) struct IoScope {
+    /// The debug clock at the start.
+    started: Option<f64>,
+    _context: ContextScope,
 }

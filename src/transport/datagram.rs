@@ -276,9 +276,11 @@ impl DatagramCore {
         }
     }
 
-    /// `protocol.error_received(exc)`.
+    /// `protocol.error_received(exc)` (also from sendto(), so the protocol's
+    /// context is made current here).
     fn error_received(&self, py: Python<'_>, exc: PyErr) -> PyResult<()> {
         if let Some(protocol) = self.protocol(py) {
+            let _context = self.protocol_context(py);
             python::call_method(protocol.bind(py), python::protocol::error_received(py), (exc.into_value(py),))?;
         }
         Ok(())
@@ -447,12 +449,12 @@ impl DatagramCore {
 
 unsafe extern "C" fn on_poll(handle: *mut sys::uv_poll_t, status: i32, events: i32) {
     // SAFETY: the handle's data is a live DatagramCore (see base::enter).
-    let (core, py, started) = unsafe { base::enter::<DatagramCore>(handle as *mut sys::uv_handle_t) };
+    let (core, py, scope) = unsafe { base::enter::<DatagramCore>(handle as *mut sys::uv_handle_t) };
     let error = status < 0;
     let readable = error || events & sys::uv_poll_event_UV_READABLE as i32 != 0;
     let writable = error || events & sys::uv_poll_event_UV_WRITABLE as i32 != 0;
     core.on_ready(py, readable, writable, error);
-    core.leave_io(py, started);
+    core.leave_io(py, scope);
 }
 
 #[pymethods]
@@ -489,7 +491,7 @@ impl DatagramCore {
             DatagramCore {
                 shared,
                 state: NativeCell::new(DgramState {
-                    base: TransportBase::new(loop_obj.clone().into_any().unbind(), wrapper),
+                    base: TransportBase::new(py, loop_obj.clone().into_any().unbind(), wrapper)?,
                     handle: None,
                     sock: Some(sock.clone().unbind()),
                     fd,
@@ -707,6 +709,12 @@ impl DatagramCore {
 
     fn get_protocol(&self, py: Python<'_>) -> Option<Py<PyAny>> {
         self.protocol(py)
+    }
+
+    /// The context the protocol's callbacks run in (for those the Python
+    /// transport schedules: connection_made).
+    fn _protocol_context(&self, py: Python<'_>) -> Py<PyAny> {
+        self.with_base(py, |b| b.context.clone_ref(py))
     }
 
     fn set_protocol(&self, py: Python<'_>, protocol: Py<PyAny>) {

@@ -86,7 +86,9 @@ class NativeTransport:
         if register:
             loop._transports[self._fd] = self
         if protocol is not None:
-            loop.call_soon(protocol.connection_made, self)
+            # Every protocol callback runs in the context the transport was
+            # made in (the core's copy of it), as uvloop runs them.
+            loop.call_soon(protocol.connection_made, self, context=self._core._protocol_context())
         if then is not None:
             loop.call_soon(then)
         if read:

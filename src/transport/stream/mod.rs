@@ -287,7 +287,7 @@ impl StreamCore {
             StreamCore {
                 shared,
                 state: NativeCell::new(StreamState {
-                    base: TransportBase::new(loop_obj.clone().into_any().unbind(), wrapper),
+                    base: TransportBase::new(py, loop_obj.clone().into_any().unbind(), wrapper)?,
                     handle: None,
                     kind: if pipe { StreamKind::Pipe } else { StreamKind::Socket },
                     reader: Reader::Plain,
@@ -571,6 +571,12 @@ impl StreamCore {
 
     fn get_protocol(&self, py: Python<'_>) -> Option<Py<PyAny>> {
         self.protocol(py)
+    }
+
+    /// The context the protocol's callbacks run in (for those the Python
+    /// transport schedules: connection_made).
+    fn _protocol_context(&self, py: Python<'_>) -> Py<PyAny> {
+        self.with_base(py, |b| b.context.clone_ref(py))
     }
 
     /// Drops the protocol (after connection_lost), breaking the cycle

@@ -82,7 +82,10 @@ impl StreamCore {
             Reader::Plain | Reader::Tls(_) => None,
         });
         if let Some(protocol) = protocol {
-            let view = lend_buffer(protocol.bind(py));
+            let view = {
+                let _context = self.protocol_context(py);
+                lend_buffer(protocol.bind(py))
+            };
             return self.state.with(py, |st| {
                 let Reader::Buffered { view: slot, error } = &mut st.reader else {
                     // The protocol changed meanwhile: read nothing this time.
@@ -300,7 +303,7 @@ unsafe extern "C" fn on_alloc(handle: *mut sys::uv_handle_t, _suggested: usize, 
 
 unsafe extern "C" fn on_read(stream: *mut sys::uv_stream_t, nread: isize, _buf: *const sys::uv_buf_t) {
     // SAFETY: the handle's data is a live StreamCore (see base::enter).
-    let (core, py, started) = unsafe { crate::transport::base::enter::<StreamCore>(stream as *mut sys::uv_handle_t) };
+    let (core, py, scope) = unsafe { crate::transport::base::enter::<StreamCore>(stream as *mut sys::uv_handle_t) };
     core.on_read(py, nread);
-    core.leave_io(py, started);
+    core.leave_io(py, scope);
 }
