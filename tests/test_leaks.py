@@ -668,3 +668,48 @@ def test_memory_goes_back_after_a_burst_of_timers(loop):
 
     growth = run(loop, main(), timeout=60)
     assert growth < 40 * MiB, f"RSS stayed {growth / MiB:.1f} MiB above where it was"
+
+
+class _Marker:
+    pass
+
+
+@pytest.mark.parametrize("how", ["native", "asyncio_path", "sock_connect"])
+def test_failed_connection_error_is_in_no_cycle(loop, how):
+    """A refused connection's error is freed by reference counting alone:
+    no frame in its traceback keeps the future (or asyncio's list of
+    errors) that holds it (as asyncio breaks these cycles; AnyIO's
+    happy-eyeballs test looks for them with gc.get_referrers)."""
+    from _support import unused_tcp_port
+
+    port = unused_tcp_port()
+
+    async def attempt():
+        try:
+            if how == "sock_connect":
+                with socket.socket() as s:
+                    s.setblocking(False)
+                    await loop.sock_connect(s, ("127.0.0.1", port))
+            else:
+                extra = {"local_addr": None} if how == "asyncio_path" else {}
+                await loop.create_connection(asyncio.Protocol, "127.0.0.1", port, **extra)
+        except ConnectionRefusedError as exc:
+            # Exceptions take no weak references: a marker lives as long.
+            exc.marker = _Marker()
+            return weakref.ref(exc.marker)
+        raise AssertionError("connected to a port nobody listens on")
+
+    async def main():
+        gc.collect()
+        gc.disable()
+        try:
+            ref = await attempt()
+            for _ in range(3):
+                await asyncio.sleep(0)
+            return ref() is None, gc.collect()
+        finally:
+            gc.enable()
+
+    freed, garbage = run(loop, main())
+    assert freed
+    assert garbage == 0

@@ -48,9 +48,19 @@ class AllErrorsMixin:
 
         async def _connect_sock(self, exceptions, addr_info, local_addr_infos=None):
             attempts = _attempts.get()
-            if attempts is not None and not any(a is exceptions for a in attempts):
-                attempts.append(exceptions)
-            return await super()._connect_sock(exceptions, addr_info, local_addr_infos)
+            if attempts is not None:
+                for noted in attempts:
+                    if noted is exceptions:
+                        break
+                else:
+                    attempts.append(exceptions)
+            try:
+                return await super()._connect_sock(exceptions, addr_info, local_addr_infos)
+            finally:
+                # This frame is in the traceback of a failed attempt's error,
+                # which the list holds: clear it, as asyncio's _connect_sock
+                # does, so the error is not kept alive by a cycle.
+                exceptions = attempts = noted = None
 
 
 def _is_final_connect_error(exc, errors):

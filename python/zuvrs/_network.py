@@ -268,6 +268,10 @@ class NetworkMixin:
                 self._clear_fd_handler(fd, True)
             os.close(fd)
             raise
+        finally:
+            # This frame is in the traceback of the connection's error, which
+            # the future holds: let go of it, or the two make a cycle.
+            fut = started = None
         waiter = self.create_future()
         transport = _open_tcp(self, fd, _FAMILIES[family], _IPPROTO_TCP, protocol, waiter)
         try:
@@ -609,21 +613,25 @@ class NetworkMixin:
         """A future resolved by repeating `attempt()` whenever fd is ready
         (readable, or writable when `write`) until it stops raising
         BlockingIOError / InterruptedError."""
-        fut = self.create_future()
-
-        def on_ready():
-            if fut.done():
-                return
+        def on_ready(fut):
             try:
-                result = attempt()
-            except (BlockingIOError, InterruptedError):
-                return
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)
+                if fut.done():
+                    return
+                try:
+                    result = attempt()
+                except (BlockingIOError, InterruptedError):
+                    return
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    fut.set_exception(exc)
+                else:
+                    fut.set_result(result)
+            finally:
+                # The exception's traceback holds this frame: without this
+                # the future and its exception would refer to each other
+                # (a cycle asyncio's sock_* methods avoid the same way).
+                fut = None
 
         def cleanup(_):
             # Unless another operation has taken the fd over meanwhile
@@ -631,8 +639,9 @@ class NetworkMixin:
             if not handle.cancelled() and not self.is_closed():
                 self._clear_fd_handler(fd, write)
 
+        fut = self.create_future()
         self._ensure_fd_no_transport(fd)
-        handle = self._set_fd_handler(fd, write, on_ready, ())
+        handle = self._set_fd_handler(fd, write, on_ready, (fut,))
         fut.add_done_callback(cleanup)
         return fut
 
