@@ -4,6 +4,7 @@ import asyncio
 import hashlib
 import os
 import socket
+import sys
 
 import pytest
 from _support import (
@@ -238,3 +239,63 @@ def test_sock_sendfile(loop, data_file):
             b.close()
 
     assert run(loop, main(), 20) == data[10:]
+
+
+@needs_unix
+def test_unix_server_socket_file_after_close(loop, sock_path):
+    """The socket file outlives the server before 3.13 and is removed with
+    it from 3.13 (cleanup_socket's default), as asyncio does on each."""
+
+    async def main():
+        srv = await loop.create_unix_server(asyncio.Protocol, sock_path)
+        assert os.path.exists(sock_path)
+        srv.close()
+        await srv.wait_closed()
+        await asyncio.sleep(0)
+        return os.path.exists(sock_path)
+
+    assert run(loop, main()) is (sys.version_info < (3, 13))
+
+
+@needs_unix
+def test_unix_server_stale_socket_file_is_replaced(loop, sock_path):
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(sock_path)
+    stale.close()
+
+    async def main():
+        srv = await loop.create_unix_server(asyncio.Protocol, sock_path)
+        try:
+            transport, _ = await asyncio.wait_for(loop.create_unix_connection(asyncio.Protocol, sock_path), TIMEOUT)
+            transport.close()
+        finally:
+            srv.close()
+            await srv.wait_closed()
+
+    run(loop, main())
+
+
+@needs_unix
+@pytest.mark.parametrize("cleanup", [True, False])
+def test_unix_server_cleanup_socket_option(loop, loop_name, sock_path, cleanup):
+    """cleanup_socket= chooses (asyncio has the option from 3.13, zuvrs on
+    every Python); a file put in the socket's place meanwhile is left."""
+    if loop_name == "asyncio" and sys.version_info < (3, 13):
+        pytest.skip("asyncio has cleanup_socket from 3.13")
+
+    async def main(replace):
+        srv = await loop.create_unix_server(asyncio.Protocol, sock_path, cleanup_socket=cleanup)
+        if replace:
+            os.unlink(sock_path)
+            with open(sock_path, "w"):
+                pass
+        srv.close()
+        await srv.wait_closed()
+        await asyncio.sleep(0)
+        kept = os.path.exists(sock_path)
+        if kept:
+            os.unlink(sock_path)
+        return kept
+
+    assert run(loop, main(False)) is (not cleanup)
+    assert run(loop, main(True)) is True

@@ -13,6 +13,7 @@ import operator
 import os
 import socket
 import stat
+import sys
 from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock
 from asyncio.log import logger
 
@@ -129,6 +130,11 @@ def _server_timeouts(handshake, shutdown):
 
 
 _NUMERIC_NAME_INFO = socket.NI_NUMERICHOST | socket.NI_NUMERICSERV
+
+
+# create_unix_server's cleanup_socket default: asyncio's from 3.13 (before
+# that asyncio left the socket file behind).
+_CLEANUP_SOCKET_DEFAULT = sys.version_info >= (3, 13)
 
 
 class NetworkMixin:
@@ -555,11 +561,13 @@ class NetworkMixin:
 
     async def create_unix_server(self, protocol_factory, path=None, *, sock=None, backlog=100, ssl=None,
                                  ssl_handshake_timeout=None, ssl_shutdown_timeout=None,
-                                 start_serving=True, cleanup_socket=True):
+                                 start_serving=True, cleanup_socket=_CLEANUP_SOCKET_DEFAULT):
         """Serve on a Unix domain stream socket at `path` (or on `sock`).
 
-        With `cleanup_socket` (the default, as from Python 3.13) the socket
-        file is removed when the server closes, if it is still ours.
+        With `cleanup_socket` the socket file is removed when the server
+        closes, if it is still ours. asyncio has the option, on by default,
+        from Python 3.13; zuvrs accepts it on every Python, with asyncio's
+        default for the running one (older ones leave the file).
         """
         if isinstance(ssl, bool):
             raise TypeError("ssl argument must be an SSLContext or None")
