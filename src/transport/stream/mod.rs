@@ -149,7 +149,7 @@ impl StreamCore {
     fn buffer_size(&self, py: Python<'_>) -> usize {
         self.state.with(py, |st| {
             let backlog = match &st.reader {
-                Reader::Tls(t) => t.backlog_bytes(),
+                Reader::Tls(t) => t.unsent(py),
                 _ => 0,
             };
             st.writes.size() + backlog
@@ -480,8 +480,14 @@ impl StreamCore {
     }
 
     /// The write buffer's water marks, in bytes (see transports/_base.py).
+    /// A TLS transport may also resume the protocol (sslproto's
+    /// `_control_app_writing`).
     fn _set_water_marks(&self, py: Python<'_>, high: usize, low: usize) -> PyResult<()> {
-        self.set_water_marks(py, high, low, self.buffer_size(py))
+        self.set_water_marks(py, high, low, self.buffer_size(py))?;
+        if self.is_tls(py) {
+            self.resume_protocol_if_needed(py, self.buffer_size(py))?;
+        }
+        Ok(())
     }
 
     /// Sets the protocol; `buffered` when it is an asyncio.BufferedProtocol.
@@ -562,6 +568,22 @@ impl StreamCore {
 
     fn _tls_read_buffer_size(&self, py: Python<'_>) -> usize {
         self.tls_read_buffer_size(py)
+    }
+
+    /// sslproto's `pause_writing()` / `resume_writing()` (its socket's flow
+    /// control; tests reach them through `transport._ssl_protocol`): False
+    /// if already so.
+    fn _tls_pause_ssl_writing(&self, py: Python<'_>) -> bool {
+        self.tls_pause_ssl_writing(py)
+    }
+
+    fn _tls_resume_ssl_writing(&self, py: Python<'_>) -> PyResult<bool> {
+        self.tls_resume_ssl_writing(py)
+    }
+
+    /// sslproto's `_test__append_write_backlog(data)`.
+    fn _tls_append_write_backlog(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.tls_append_write_backlog(py, data)
     }
 
     /// asyncio's name of the TLS state (None for a plain transport).

@@ -70,6 +70,10 @@ pub(super) struct Tls {
     /// The application transport's close() or abort() was called.
     pub(super) app_closed: bool,
     app_reading_paused: bool,
+    /// sslproto's `_ssl_writing_paused`: ciphertext stays in the session's
+    /// outgoing buffer (and counts in the write buffer) instead of joining
+    /// the socket's queue (`transport._ssl_protocol.pause_writing()`).
+    ssl_writing_paused: bool,
     /// The socket's reading was paused: too much ciphertext is waiting.
     ssl_reading_paused: bool,
     /// The socket's EOF arrived.
@@ -87,8 +91,11 @@ pub(super) struct Tls {
 }
 
 impl Tls {
-    pub(super) fn backlog_bytes(&self) -> usize {
-        self.backlog_bytes
+    /// What the application's write buffer holds besides the socket's
+    /// queue: the plaintext backlog and ciphertext not yet handed to the
+    /// socket (sslproto's `_write_buffer_size + _outgoing.pending`).
+    pub(super) fn unsent(&self, py: Python<'_>) -> usize {
+        self.backlog_bytes + self.session.output_len(py)
     }
 }
 
@@ -139,6 +146,7 @@ impl StreamCore {
             app_buffered: buffered,
             app_closed: false,
             app_reading_paused: false,
+            ssl_writing_paused: false,
             ssl_reading_paused: false,
             eof_received: false,
             backlog: VecDeque::new(),
@@ -209,12 +217,12 @@ impl StreamCore {
         }
     }
 
-    /// sslproto's `_on_handshake_complete(exc)` for a failure. The alert
-    /// the session wrote for the peer goes out first.
+    /// sslproto's `_on_handshake_complete(exc)` for a failure. As there,
+    /// the alert the session wrote for the peer stays in the session: the
+    /// socket closes at once, and the peer sees the connection end (a
+    /// ConnectionResetError in its handshake) exactly as with asyncio.
     fn tls_handshake_failed(&self, py: Python<'_>, err: PyErr) -> PyResult<()> {
         self.with_tls(py, |t| t.state = TlsState::Unwrapped);
-        self.tls_process_outgoing(py)?;
-        self.flush(py)?;
         let wrapper = self.wrapper(py);
         python::call_method(wrapper.bind(py), pyo3::intern!(py, "_tls_handshake_failed"), (err.into_value(py),))?;
         Ok(())
@@ -427,6 +435,7 @@ impl StreamCore {
 
     /// sslproto's `_start_shutdown` (the application transport's close()).
     fn tls_start_shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        self.tls_write_backlog_now(py)?;
         let Some(state) = self.with_tls(py, |t| {
             let state = t.state;
             if !matches!(state, TlsState::Flushing | TlsState::Shutdown | TlsState::Unwrapped) {
@@ -528,6 +537,7 @@ impl StreamCore {
                 self.tls_handshake_failed(py, err).map(|()| false)
             }
             TlsState::Wrapped => {
+                self.tls_write_backlog_now(py)?;
                 let paused = self.with_tls(py, |t| {
                     t.state = TlsState::Flushing;
                     t.app_reading_paused
@@ -595,7 +605,7 @@ impl StreamCore {
                     t.backlog.push_back(chunk);
                     t.backlog_bytes += len;
                 }
-                Some((t.backlog_bytes + queued >= high, was_empty && t.state == TlsState::Wrapped))
+                Some((t.unsent(py) + queued >= high, was_empty && t.state == TlsState::Wrapped))
             })
             .unwrap_or((false, false));
         if state == TlsState::Wrapped {
@@ -651,13 +661,77 @@ impl StreamCore {
         self.tls_process_outgoing(py)
     }
 
+    /// Before the connection leaves WRAPPED (close(), the socket's EOF): the
+    /// writes of this turn not yet encrypted are, as sslproto would have
+    /// encrypted them in write(). What follows (close_notify) comes after.
+    fn tls_write_backlog_now(&self, py: Python<'_>) -> PyResult<()> {
+        if self.with_tls(py, |t| t.state == TlsState::Wrapped && !t.backlog.is_empty()) != Some(true) {
+            return Ok(());
+        }
+        match self.tls_do_write(py) {
+            Err(err) if !is_fatal_base(py, &err) => self.tls_fatal_error(py, err, "Fatal error on SSL protocol"),
+            other => other,
+        }
+    }
+
+    /// sslproto's `pause_writing()` (called by its socket transport; here,
+    /// by tests through `transport._ssl_protocol`): the ciphertext stays in
+    /// the session. False if it was paused already (sslproto asserts).
+    pub(super) fn tls_pause_ssl_writing(&self, py: Python<'_>) -> bool {
+        self.with_tls(py, |t| !std::mem::replace(&mut t.ssl_writing_paused, true)).unwrap_or(false)
+    }
+
+    /// sslproto's `resume_writing()`: what the session holds goes to the
+    /// socket. False if it was not paused.
+    pub(super) fn tls_resume_ssl_writing(&self, py: Python<'_>) -> PyResult<bool> {
+        if self.with_tls(py, |t| std::mem::replace(&mut t.ssl_writing_paused, false)) != Some(true) {
+            return Ok(false);
+        }
+        self.tls_process_outgoing(py)?;
+        Ok(true)
+    }
+
+    /// sslproto's `_test__append_write_backlog(data)`: plaintext joins the
+    /// backlog without being written (a later write or read sends it).
+    pub(super) fn tls_append_write_backlog(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (chunk, len) = to_chunk(data)?;
+        self.with_tls(py, |t| {
+            t.backlog.push_back(chunk);
+            t.backlog_bytes += len;
+        });
+        Ok(())
+    }
+
     /// sslproto's `_process_outgoing`: the session's ciphertext joins the
-    /// socket's write queue.
+    /// socket's write queue (unless `_ssl_protocol.pause_writing()` holds
+    /// it in the session).
     fn tls_process_outgoing(&self, py: Python<'_>) -> PyResult<()> {
         let mut out = Vec::new();
-        let n = self.with_tls(py, |t| t.session.take_output(py, &mut out)).unwrap_or(0);
+        let n = self
+            .with_tls(py, |t| if t.ssl_writing_paused { 0 } else { t.session.take_output(py, &mut out) })
+            .unwrap_or(0);
         if n > 0 {
-            self.enqueue_raw(py, Chunk::owned(out), n)?;
+            // A lost socket drops what it is given, as asyncio's socket
+            // transport does (warning after a few).
+            let warn = self.state.with(py, |st| {
+                if st.base.conn_lost == 0 && st.handle.is_some() {
+                    return None;
+                }
+                let warn = st.base.conn_lost >= LOG_THRESHOLD_FOR_CONNLOST_WRITES;
+                st.base.conn_lost += 1;
+                Some(warn)
+            });
+            match warn {
+                None => self.enqueue_raw(py, Chunk::owned(out), n)?,
+                Some(true) => {
+                    python::call_method(
+                        python::logger(py)?,
+                        pyo3::intern!(py, "warning"),
+                        ("socket.send() raised exception.",),
+                    )?;
+                }
+                Some(false) => {}
+            }
         }
         self.pause_protocol_if_needed(py, self.buffer_size(py))?;
         self.resume_protocol_if_needed(py, self.buffer_size(py))
@@ -775,6 +849,9 @@ impl StreamCore {
             t.state = TlsState::Unwrapped;
             t.app_closed = true;
             t.backlog_bytes = 0;
+            // sslproto's `self._outgoing.read()`.
+            let n = t.session.output_len(py);
+            t.session.consume_output(py, n);
             (due, std::mem::take(&mut t.backlog))
         });
         match dropped {
