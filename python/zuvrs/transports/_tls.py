@@ -153,6 +153,10 @@ class TlsTransport(transports._FlowControlMixin, transports.Transport):
     def get_extra_info(self, name, default=None):
         if name in self._extra:
             return self._extra[name]
+        if name == "uvloop.sslproto":
+            # uvloop's name for its SSLProtocol (its tests pause and resume
+            # the socket side through it): what ``_ssl_protocol`` gives.
+            return self._ssl_protocol
         return self._socket.get_extra_info(name, default)
 
     def set_protocol(self, protocol):

@@ -144,16 +144,34 @@ impl StreamCore {
         self.state.with(py, |st| st.kind)
     }
 
-    /// What write flow control counts: the queue and what is in flight;
-    /// for TLS also the plaintext not yet encrypted.
+    /// What write flow control counts (and get_write_buffer_size says): the
+    /// queue and what is in flight; for TLS, as sslproto, the plaintext not
+    /// yet encrypted and the ciphertext held in the session (the socket's
+    /// queue has flow control of its own: tls.rs).
     fn buffer_size(&self, py: Python<'_>) -> usize {
-        self.state.with(py, |st| {
-            let backlog = match &st.reader {
-                Reader::Tls(t) => t.unsent(py),
-                _ => 0,
-            };
-            st.writes.size() + backlog
+        self.state.with(py, |st| match &st.reader {
+            Reader::Tls(t) => t.unsent(py),
+            _ => st.writes.size(),
         })
+    }
+
+    /// The write queue grew: the protocol may have to pause (for TLS, the
+    /// socket's pause of SSLProtocol).
+    fn queue_grew(&self, py: Python<'_>) -> PyResult<()> {
+        if self.is_tls(py) {
+            self.tls_socket_queue_grew(py);
+            return Ok(());
+        }
+        self.pause_protocol_if_needed(py, self.buffer_size(py))
+    }
+
+    /// The write queue shrank: the protocol may resume (for TLS, the
+    /// socket's resume of SSLProtocol).
+    fn queue_shrank(&self, py: Python<'_>) -> PyResult<()> {
+        if self.is_tls(py) {
+            return self.tls_socket_queue_shrank(py);
+        }
+        self.resume_protocol_if_needed(py, self.buffer_size(py))
     }
 
     fn socket_pause_reading(&self, py: Python<'_>) {
@@ -481,13 +499,12 @@ impl StreamCore {
 
     /// The write buffer's water marks, in bytes (see transports/_base.py).
     /// A TLS transport may also resume the protocol (sslproto's
-    /// `_control_app_writing`).
+    /// `_control_app_writing`, tls.rs).
     fn _set_water_marks(&self, py: Python<'_>, high: usize, low: usize) -> PyResult<()> {
-        self.set_water_marks(py, high, low, self.buffer_size(py))?;
         if self.is_tls(py) {
-            self.resume_protocol_if_needed(py, self.buffer_size(py))?;
+            return self.tls_set_water_marks(py, high, low);
         }
-        Ok(())
+        self.set_water_marks(py, high, low, self.buffer_size(py))
     }
 
     /// Sets the protocol; `buffered` when it is an asyncio.BufferedProtocol.

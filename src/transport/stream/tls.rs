@@ -42,6 +42,13 @@ use crate::transport::readbuf::{self, READ_SIZE};
 const HIGH_WATER_WRITE: usize = 512 * 1024;
 const HIGH_WATER_READ: usize = 256 * 1024;
 
+/// The water marks of the socket underneath (asyncio's socket transport's
+/// defaults, which sslproto never changes): over the high one the socket
+/// pauses its protocol, sslproto's SSLProtocol, which then keeps ciphertext
+/// in the session; at the low one it resumes it.
+pub(super) const SOCKET_HIGH_WATER: usize = 64 * 1024;
+const SOCKET_LOW_WATER: usize = SOCKET_HIGH_WATER / 4;
+
 /// sslproto's `SSLProtocolState`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum TlsState {
@@ -72,8 +79,13 @@ pub(super) struct Tls {
     app_reading_paused: bool,
     /// sslproto's `_ssl_writing_paused`: ciphertext stays in the session's
     /// outgoing buffer (and counts in the write buffer) instead of joining
-    /// the socket's queue (`transport._ssl_protocol.pause_writing()`).
+    /// the socket's queue. Set while the socket's queue is over its
+    /// high-water mark (asyncio's socket transport pausing SSLProtocol), or
+    /// by `transport._ssl_protocol.pause_writing()`.
     ssl_writing_paused: bool,
+    /// The socket's own `_protocol_paused` (its queue went over
+    /// SOCKET_HIGH_WATER and has not drained to SOCKET_LOW_WATER yet).
+    socket_paused: bool,
     /// The socket's reading was paused: too much ciphertext is waiting.
     ssl_reading_paused: bool,
     /// The socket's EOF arrived.
@@ -147,6 +159,7 @@ impl StreamCore {
             app_closed: false,
             app_reading_paused: false,
             ssl_writing_paused: false,
+            socket_paused: false,
             ssl_reading_paused: false,
             eof_received: false,
             backlog: VecDeque::new(),
@@ -209,7 +222,10 @@ impl StreamCore {
                         Ok(())
                     }
                     Err(err) if is_fatal_base(py, &err) => Err(err),
-                    Err(err) => self.tls_fatal_error(py, err, "Fatal error on SSL protocol"),
+                    // The application's connection_made raised: in asyncio
+                    // it escapes SSLProtocol.buffer_updated, and the socket
+                    // transport reports it so.
+                    Err(err) => self.tls_fatal_error(py, err, "Fatal error: protocol.buffer_updated() call failed."),
                 }
             }
             Some(Err(err)) if tls::is_again(py, &err) => self.tls_process_outgoing(py),
@@ -598,14 +614,13 @@ impl StreamCore {
             .state
             .with(py, |st| {
                 let high = st.base.high_water;
-                let queued = st.writes.size();
                 let Reader::Tls(t) = &mut st.reader else { return None };
                 let was_empty = t.backlog.is_empty();
                 for (chunk, len) in chunks {
                     t.backlog.push_back(chunk);
                     t.backlog_bytes += len;
                 }
-                Some((t.unsent(py) + queued >= high, was_empty && t.state == TlsState::Wrapped))
+                Some((t.unsent(py) >= high, was_empty && t.state == TlsState::Wrapped))
             })
             .unwrap_or((false, false));
         if state == TlsState::Wrapped {
@@ -619,11 +634,13 @@ impl StreamCore {
                     return self.tls_fatal_error(py, err, "Fatal error on SSL protocol");
                 }
             } else if ask {
-                // Encrypted with the rest of the turn's writes before the poll.
+                // Encrypted with the rest of the turn's writes before the poll
+                // (and flow control looks at them then, as sslproto does once
+                // it has encrypted them).
                 self.ask_before_poll(py, false);
             }
         }
-        self.pause_protocol_if_needed(py, self.buffer_size(py))
+        Ok(())
     }
 
     /// sslproto's `_do_write`: the backlog encrypted, the ciphertext queued.
@@ -733,8 +750,87 @@ impl StreamCore {
                 Some(false) => {}
             }
         }
-        self.pause_protocol_if_needed(py, self.buffer_size(py))?;
-        self.resume_protocol_if_needed(py, self.buffer_size(py))
+        self.tls_control_app_writing(py)
+    }
+
+    /// sslproto's `_control_app_writing`: the application's pause_writing
+    /// at the high-water mark, or else its resume_writing at the low one,
+    /// on what the application's write buffer holds (backlog and ciphertext
+    /// held in the session; not the socket's queue). Called where sslproto
+    /// calls it: after handing ciphertext to the socket, and when the
+    /// limits change.
+    pub(super) fn tls_control_app_writing(&self, py: Python<'_>) -> PyResult<()> {
+        let size = self.buffer_size(py);
+        let call = self.state.with(py, |st| {
+            let b = &mut st.base;
+            if size >= b.high_water && !b.protocol_paused {
+                b.protocol_paused = true;
+                Some((true, b.protocol.as_ref().map(|p| p.clone_ref(py))))
+            } else if size <= b.low_water && b.protocol_paused {
+                b.protocol_paused = false;
+                Some((false, b.protocol.as_ref().map(|p| p.clone_ref(py))))
+            } else {
+                None
+            }
+        });
+        match call {
+            None => Ok(()),
+            Some((true, protocol)) => {
+                self.tell_protocol(py, protocol, python::protocol::pause_writing(py), "protocol.pause_writing() failed")
+            }
+            Some((false, protocol)) => self.tell_protocol(
+                py,
+                protocol,
+                python::protocol::resume_writing(py),
+                "protocol.resume_writing() failed",
+            ),
+        }
+    }
+
+    /// The socket's queue grew (writer.rs): over SOCKET_HIGH_WATER the
+    /// socket pauses SSLProtocol (asyncio's `_maybe_pause_protocol` on the
+    /// socket transport): ciphertext stays in the session from now on.
+    pub(super) fn tls_socket_queue_grew(&self, py: Python<'_>) {
+        self.state.with(py, |st| {
+            let queued = st.writes.size();
+            if let Reader::Tls(t) = &mut st.reader {
+                if queued > SOCKET_HIGH_WATER && !t.socket_paused {
+                    t.socket_paused = true;
+                    t.ssl_writing_paused = true;
+                }
+            }
+        })
+    }
+
+    /// The socket's queue shrank (writer.rs): down to SOCKET_LOW_WATER the
+    /// socket resumes SSLProtocol, whose `resume_writing` hands the session's
+    /// ciphertext to the socket (and may resume the application).
+    pub(super) fn tls_socket_queue_shrank(&self, py: Python<'_>) -> PyResult<()> {
+        let resume = self.state.with(py, |st| {
+            let queued = st.writes.size();
+            match &mut st.reader {
+                Reader::Tls(t) if t.socket_paused && queued <= SOCKET_LOW_WATER => {
+                    t.socket_paused = false;
+                    t.ssl_writing_paused = false;
+                    true
+                }
+                _ => false,
+            }
+        });
+        if resume {
+            self.tls_process_outgoing(py)?;
+        }
+        Ok(())
+    }
+
+    /// `set_write_buffer_limits` (checked in Python): sslproto's new marks,
+    /// then `_control_app_writing`.
+    pub(super) fn tls_set_water_marks(&self, py: Python<'_>, high: usize, low: usize) -> PyResult<()> {
+        self.state.with(py, |st| {
+            st.base.high_water = high;
+            st.base.low_water = low;
+        });
+        self.tls_control_app_writing(py)
     }
 
     /// sslproto's `_control_ssl_reading`: the socket's reading pauses while
@@ -814,9 +910,30 @@ impl StreamCore {
     }
 
     /// sslproto's `_fatal_error`: the transport's `_fatal_error` (report,
-    /// then the socket closes with `exc`).
+    /// then the socket closes with `exc`). What the application wrote
+    /// earlier in this turn is offered to the socket first: asyncio had
+    /// encrypted and sent it in write(), before the error.
     fn tls_fatal_error(&self, py: Python<'_>, err: PyErr, message: &str) -> PyResult<()> {
+        self.tls_offer_pending(py)?;
         self.fatal_error(py, err, message)
+    }
+
+    /// The turn's unencrypted writes encrypted (if the session still can)
+    /// and the socket's queue offered to the kernel once, before a fatal
+    /// error drops what is left (as `abort()` does for a plain socket).
+    fn tls_offer_pending(&self, py: Python<'_>) -> PyResult<()> {
+        let write = self.with_tls(py, |t| !t.backlog.is_empty() && t.state == TlsState::Wrapped);
+        if write == Some(true) {
+            match self.tls_do_write(py) {
+                Err(err) if is_fatal_base(py, &err) => return Err(err),
+                // The session failed too: the rest is dropped with the socket.
+                _ => {}
+            }
+        }
+        if self.state.with(py, |st| st.base.conn_lost == 0 && !st.writes.writing() && st.writes.has_queued()) {
+            self.flush(py)?;
+        }
+        Ok(())
     }
 
     /// The application's close(): the TLS shutdown (a second close() is a
