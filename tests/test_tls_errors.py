@@ -464,3 +464,101 @@ def test_client_initiated_renegotiation_tls12(loop, pki):
     assert exc[0] == "SSLError" and ("reason", "SSLV3_ALERT_HANDSHAKE_FAILURE") in exc
     assert client_errors and ("reason", "NO_RENEGOTIATION") in client_errors[0]
     assert [m for m, _ in logged] == ["Fatal error on SSL protocol"]
+
+
+# -- the application's callbacks raising ------------------------------------------------------
+
+
+class _Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("where", ["connection_made", "data_received", "eof_received", "get_buffer",
+                                   "buffer_updated", "pause_writing"])
+def test_application_callback_raising(loop, pki, where):
+    """An exception from the application's protocol: the same report (the
+    exception handler's message and exception) and the same end of the
+    connection as on the stdlib loop."""
+
+    def make_protocol():
+        buffered = where in ("get_buffer", "buffer_updated")
+        base = asyncio.BufferedProtocol if buffered else asyncio.Protocol
+
+        class App(base):
+            def __init__(self):
+                self.lost = asyncio.get_running_loop().create_future()
+                self.buf = bytearray(1024)
+
+            def connection_made(self, transport):
+                self.transport = transport
+                if where == "connection_made":
+                    raise _Boom("connection_made")
+                transport.set_write_buffer_limits(high=0)  # every write pauses
+                transport.write(b"hi")
+
+            def data_received(self, data):
+                if where == "data_received":
+                    raise _Boom("data_received")
+
+            def get_buffer(self, n):
+                if where == "get_buffer":
+                    raise _Boom("get_buffer")
+                return self.buf
+
+            def buffer_updated(self, n):
+                if where == "buffer_updated":
+                    raise _Boom("buffer_updated")
+
+            def eof_received(self):
+                if where == "eof_received":
+                    raise _Boom("eof_received")
+
+            def pause_writing(self):
+                if where == "pause_writing":
+                    raise _Boom("pause_writing")
+
+            def connection_lost(self, exc):
+                if not self.lost.done():
+                    self.lost.set_result(exc)
+
+        return App()
+
+    async def scenario(loop):
+        peers = []
+
+        def factory():
+            p = ManualTlsPeer(server_context(pki), True)
+            peers.append(p)
+            return p
+
+        srv = await loop.create_server(factory, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            t, p = await asyncio.wait_for(
+                loop.create_connection(make_protocol, "127.0.0.1", port, ssl=client_context(pki),
+                                       server_hostname="localhost"),
+                TIMEOUT,
+            )
+        except Exception as exc:
+            result = ("raised", error_fields(exc))
+        else:
+            await wait_until(lambda: peers and peers[0].done.done())
+            peers[0].send(b"data for the app")
+            await asyncio.sleep(0.05)
+            if where == "eof_received":
+                peers[0].send_close_notify()
+            try:
+                exc = await asyncio.wait_for(p.lost, 1)
+            except asyncio.TimeoutError:
+                result = ("open", t.is_closing())
+                t.abort()
+            else:
+                result = ("lost", error_fields(exc))
+        await asyncio.sleep(0.05)
+        srv.close()
+        await srv.wait_closed()
+        return result
+
+    result, logged, handled = assert_same_as_stdlib(loop, scenario)
+    if where != "pause_writing":
+        assert any(e and e[0] == "_Boom" for _, e in handled), handled

@@ -568,6 +568,47 @@ def test_pause_and_resume_writing_at_the_marks(loop, pki):
     run(loop, main(), 60)
 
 
+def test_write_flow_control_counts_what_sslproto_counts(loop, pki):
+    """sslproto's accounting: the application's write buffer is the backlog
+    and the ciphertext held back while the socket's own buffer is over its
+    mark; what the socket holds is not counted. A huge write to a peer that
+    does not read therefore pauses nothing; the writes after it pile up in
+    the TLS session and pause the application at 512 KiB; once the socket
+    drains, all of it goes and the application resumes at a buffer of 0."""
+    chunk = payload(100 * KiB, seed=12)
+
+    async def main():
+        pair = await TlsPair.open(server_context(pki), client_context(pki),
+                                  server_factory=lambda: RecordingProtocol(keep_data=False))
+        t, client = pair.client_transport, pair.client
+        assert_tls_path(loop, t)
+        pair.server.transport.pause_reading()
+        big = payload(16 * MiB, seed=13)
+        t.write(big)  # more than the kernel takes: the socket keeps the rest
+        assert t.get_write_buffer_size() == 0
+        await asyncio.sleep(0.05)
+        assert client.pause_writing_calls == 0
+        writes = 0
+        while not client.writing_paused:
+            t.write(chunk)
+            writes += 1
+            await asyncio.sleep(0)
+            if not client.writing_paused:
+                # The ciphertext of every write so far is held in the session.
+                assert writes * len(chunk) <= t.get_write_buffer_size() < writes * (len(chunk) + 1024)
+            assert writes < 20
+        assert writes == 6  # 6 x 100 KiB (+ record overhead) is the first >= 512 KiB
+        assert client.sizes_at_pause == [t.get_write_buffer_size()]
+        assert client.sizes_at_pause[0] >= 512 * KiB
+        pair.server.transport.resume_reading()
+        await client.until(lambda: client.resume_writing_calls == 1, 30)
+        assert client.sizes_at_resume == [0]
+        await pair.server.received(len(big) + writes * len(chunk), 30)
+        await pair.aclose()
+
+    run(loop, main(), 60)
+
+
 def test_pause_and_resume_reading(loop, pki):
     """pause_reading() stops data_received (the socket goes on reading
     ciphertext up to the read high-water mark); resume_reading() delivers
