@@ -588,7 +588,8 @@ def test_aiohttp_server_and_client(loop, pki):
                         assert (await r.text()).startswith("hello over TLSv1.")
                 # The client's pooled connection and the server's.
                 live = [o for o in gc.get_objects()
-                        if type(o).__name__ in ("TlsTransport", "_SSLProtocolTransport") and not o.is_closing()]
+                        if type(o).__name__ in ("TlsTransport", "_SSLProtocolTransport")
+                        and getattr(o, "_loop", None) is loop and not o.is_closing()]
                 assert len(live) >= 2
                 for t in live:
                     assert_tls_path(loop, t)
