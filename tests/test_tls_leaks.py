@@ -25,7 +25,9 @@ CONNECTIONS = int(os.environ.get("ZUVRS_TLS_LEAK_CONNECTIONS", "2000"))
 WARMUP = 300
 BATCH = 25
 RSS_TOLERANCE = 8 * MiB
-OBJECT_TOLERANCE = 300
+# Far below one object per connection (what any leak costs), above the
+# stdlib's own noise (weakrefs and sets of caches settling: up to ~300 seen).
+OBJECT_TOLERANCE = max(600, CONNECTIONS // 4)
 
 
 @pytest.fixture(scope="module")

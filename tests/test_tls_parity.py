@@ -13,6 +13,7 @@ import hashlib
 import logging
 import socket
 import ssl
+import sys
 
 import pytest
 from _support import TIMEOUT, RecordingProtocol, payload, run, wait_until
@@ -1437,3 +1438,81 @@ def test_invalid_timeout_leaves_the_socket_usable(loop, pki):
         assert b.recv(1) == b"x"
         a.close()
         b.close()
+
+
+def test_extra_info_and_protocol_once_the_connection_is_lost(loop, pki):
+    """After connection_lost, sslproto still gives the TLS extra info but no
+    longer the socket's (its transport is gone), and no protocol."""
+
+    async def main():
+        pair = await TlsPair.open(server_context(pki), client_context(pki))
+        t = pair.client_transport
+        seen = {}
+        lost = pair.client.connection_lost
+
+        def connection_lost(exc):
+            seen.update(peername=t.get_extra_info("peername"), socket=t.get_extra_info("socket"),
+                        cipher=t.get_extra_info("cipher"), obj=t.get_extra_info("ssl_object"),
+                        ctx=t.get_extra_info("sslcontext"), dflt=t.get_extra_info("sockname", "dflt"))
+            lost(exc)
+
+        pair.client.connection_lost = connection_lost
+        t.close()
+        await pair.client.lost
+        assert seen["peername"] is None and seen["socket"] is None and seen["dflt"] == "dflt"
+        assert seen["cipher"] is not None and isinstance(seen["obj"], ssl.SSLObject) and seen["ctx"] is not None
+        assert t.get_protocol() is None
+        assert t.is_closing()
+        await pair.aclose()
+
+    run(loop, main())
+
+
+def test_closing_the_plain_transport_under_tls(loop, pki):
+    """After start_tls, the plain transport underneath closes the socket
+    itself (no close_notify; as asyncio's socket transport, which is what
+    Server.close_clients() closes): the TLS application gets
+    connection_lost without eof_received, the peer sees an EOF."""
+
+    async def main():
+        accepted = []
+        srv = await loop.create_server(lambda: accepted.append(RecordingProtocol()) or accepted[-1],
+                                       "127.0.0.1", 0, ssl=server_context(pki))
+        port = srv.sockets[0].getsockname()[1]
+        plain, app = await loop.create_connection(RecordingProtocol, "127.0.0.1", port)
+        tls = await loop.start_tls(plain, app, client_context(pki), server_hostname="localhost")
+        assert_tls_path(loop, tls)
+        await wait_until(lambda: accepted and accepted[0].transport is not None)
+        tls.write(b"x")
+        await accepted[0].received(1)
+        plain.close()
+        assert await asyncio.wait_for(app.lost, TIMEOUT) is None
+        assert app.events == ["made", "lost"]
+        assert await asyncio.wait_for(accepted[0].lost, TIMEOUT) is None
+        assert accepted[0].events == ["made", "data", "eof", "lost"]
+        srv.close()
+        await srv.wait_closed()
+
+    run(loop, main())
+
+
+@pytest.mark.skipif(sys.version_info < (3, 13), reason="Server.close_clients() is 3.13+")
+@pytest.mark.parametrize("how", ["close_clients", "abort_clients"])
+def test_server_close_clients(loop, pki, how):
+    async def main():
+        accepted = []
+        srv = await loop.create_server(lambda: accepted.append(RecordingProtocol()) or accepted[-1],
+                                       "127.0.0.1", 0, ssl=server_context(pki))
+        port = srv.sockets[0].getsockname()[1]
+        t, p = await loop.create_connection(RecordingProtocol, "127.0.0.1", port, ssl=client_context(pki),
+                                            server_hostname="localhost")
+        await wait_until(lambda: accepted and accepted[0].transport is not None)
+        srv.close()
+        getattr(srv, how)()
+        assert await asyncio.wait_for(accepted[0].lost, TIMEOUT) is None
+        assert accepted[0].events == ["made", "lost"]
+        exc = await asyncio.wait_for(p.lost, TIMEOUT)
+        assert exc is None or isinstance(exc, ConnectionResetError)
+        await srv.wait_closed()
+
+    run(loop, main())

@@ -101,6 +101,10 @@ def open_tls(loop, socket_transport, setup, waiter, *, call_connection_made, on_
     tls = TlsTransport(loop, socket_transport, setup.sslcontext, setup.sslobj, waiter, setup.handshake_timeout,
                        setup.shutdown_timeout)
     core._set_wrapper(tls)
+    # The socket transport's close() is the socket's, as asyncio's under
+    # sslproto (what Server.close_clients() and start_tls's caller reach):
+    # no close_notify, the socket closes once its queue is out.
+    socket_transport.close = core._close_socket
     if loop.get_debug():
         logger.debug("%r: native TLS", tls)
     return tls
@@ -118,6 +122,7 @@ class TlsTransport(transports._FlowControlMixin, transports.Transport):
     _start_tls_compatible = True
     _sendfile_compatible = constants._SendfileMode.FALLBACK
     _tls_path = "native"
+    _lost = False  # connection_lost ran (the socket's extra info is gone)
 
     write = CoreMethod("write")
     writelines = CoreMethod("writelines")
@@ -157,6 +162,9 @@ class TlsTransport(transports._FlowControlMixin, transports.Transport):
             # uvloop's name for its SSLProtocol (its tests pause and resume
             # the socket side through it): what ``_ssl_protocol`` gives.
             return self._ssl_protocol
+        if self._lost:
+            # sslproto drops its socket transport in connection_lost.
+            return default
         return self._socket.get_extra_info(name, default)
 
     def set_protocol(self, protocol):
@@ -281,6 +289,7 @@ class TlsTransport(transports._FlowControlMixin, transports.Transport):
 
     def _call_connection_lost(self, exc):
         """The socket's connection is over (sslproto's connection_lost)."""
+        self._lost = True
         try:
             protocol = self._core.get_protocol()
             if self._core._tls_connection_lost() and protocol is not None:
