@@ -327,6 +327,7 @@ def _manual_server_scenario(pki, behaviour, version=None):
         await wait_until(lambda: peers and peers[0].done.done())
         behaviour(peers[0])
         exc = await asyncio.wait_for(p.lost, TIMEOUT)
+        peers[0].transport.close()
         srv.close()
         await srv.wait_closed()
         return p.events, bytes(p.data), error_fields(exc), t.is_closing()
@@ -555,6 +556,8 @@ def test_application_callback_raising(loop, pki, where):
             else:
                 result = ("lost", error_fields(exc))
         await asyncio.sleep(0.05)
+        for peer in peers:
+            peer.transport.close()
         srv.close()
         await srv.wait_closed()
         return result

@@ -105,6 +105,7 @@ def open_tls(loop, socket_transport, setup, waiter, *, call_connection_made, on_
     # sslproto (what Server.close_clients() and start_tls's caller reach):
     # no close_notify, the socket closes once its queue is out.
     socket_transport.close = core._close_socket
+    socket_transport.is_closing = core._socket_is_closing
     if loop.get_debug():
         logger.debug("%r: native TLS", tls)
     return tls

@@ -459,6 +459,12 @@ impl StreamCore {
         })
     }
 
+    /// Whether the socket itself is closing (the plain transport under a
+    /// TLS one: asyncio's socket transport's `is_closing()`).
+    fn _socket_is_closing(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| st.base.closing)
+    }
+
     /// Frees the libuv handle and fd (after connection_lost ran).
     fn _close_handle(&self, py: Python<'_>) {
         self.close_handle(py);
