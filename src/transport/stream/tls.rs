@@ -9,9 +9,15 @@
 //! Application writes wait in a plaintext backlog until the end of the turn,
 //! when they are encrypted together (small writes coalesce into full
 //! records) and the ciphertext joins the socket's write queue: one system
-//! call per turn, as for plain transports. Write flow control counts the
-//! backlog and the ciphertext not yet taken by the kernel, at asyncio's TLS
-//! water marks.
+//! call per turn, as for plain transports. Write flow control is
+//! sslproto's, on two levels: the socket's queue has asyncio's socket marks
+//! (64 / 16 KiB), and over them the socket "pauses SSLProtocol": ciphertext
+//! then stays in the session. The application's buffer
+//! (`get_write_buffer_size()`, its pause_writing / resume_writing at the
+//! TLS marks, 512 / 128 KiB) is the backlog and that held ciphertext, not
+//! the socket's queue. The only difference left is the batching: within a
+//! turn, plaintext written is still counted (sslproto encrypts and hands it
+//! to the socket inside write()).
 //!
 //! What happens once per connection is Python (transports/_tls.py): the
 //! choice of this path, the handshake's and the shutdown's timeouts, the
