@@ -28,6 +28,7 @@ from _tls_support import (
     assert_tls_path,
     client_context,
     fd_count,
+    is_zuvrs,
     server_context,
 )
 
@@ -1512,5 +1513,36 @@ def test_server_close_clients(loop, pki, how):
         exc = await asyncio.wait_for(p.lost, TIMEOUT)
         assert exc is None or isinstance(exc, ConnectionResetError)
         await srv.wait_closed()
+
+    run(loop, main())
+
+
+def test_socket_class_overriding_io_gets_sslproto(loop, pki):
+    """A socket whose class overrides recv/send is served by asyncio's own
+    transport and sslproto on zuvrs (the native core would bypass the
+    overrides), which says so in _tls_path; it works the same."""
+    calls = []
+
+    class Counting(socket.socket):
+        def send(self, data, *args):
+            calls.append("send")
+            return super().send(data, *args)
+
+    async def main():
+        pair = await TlsPair.open(server_context(pki), client_context(pki),
+                                  server_factory=lambda: RecordingProtocol(echo=True))
+        sock = Counting(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", pair.port))
+        t, p = await loop.create_connection(RecordingProtocol, sock=sock, ssl=client_context(pki),
+                                            server_hostname="localhost")
+        if is_zuvrs(loop) and sys.version_info >= (3, 11):
+            assert t._tls_path == "sslproto: the socket's class overrides its I/O methods"
+        t.write(b"through sslproto")
+        await p.received(16)
+        assert "send" in calls
+        t.close()
+        await p.lost
+        await pair.aclose()
 
     run(loop, main())
