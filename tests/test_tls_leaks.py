@@ -103,7 +103,7 @@ def test_tls_connections_leave_nothing_behind(loop, pki, kind):
           f"gc objects {sum(types0.values())} -> {sum(types1.values())}, "
           f"RSS {rss0 / MiB:.1f} -> {rss1 / MiB:.1f} MiB; grown types: {grown}")
     assert fds1 <= fds0
-    for name in ("StreamCore", "TlsTransport", "SocketTransport", "SSLObject", "_SSLSocket", "MemoryBIO",
+    for name in ("StreamCore", "SSLTransport", "SocketTransport", "SSLObject", "_SSLSocket", "MemoryBIO",
                  "RecordingProtocol", "StreamWriter", "StreamReader", "_SSLProtocolTransport", "SSLProtocol"):
         assert types1[name] <= types0[name], f"{types1[name] - types0[name]} more {name}"
     assert sum(types1.values()) - sum(types0.values()) < OBJECT_TOLERANCE, grown
@@ -146,6 +146,6 @@ def test_failed_handshakes_leave_nothing_behind(loop, pki):
     fds0, fds1, types0, types1 = run(loop, main(), 120)
     assert fds1 <= fds0
     grown = {name: types1[name] - types0[name] for name in types1 if types1[name] > types0[name]}
-    for name in ("StreamCore", "TlsTransport", "SocketTransport", "SSLObject", "_SSLSocket", "MemoryBIO"):
+    for name in ("StreamCore", "SSLTransport", "SocketTransport", "SSLObject", "_SSLSocket", "MemoryBIO"):
         assert types1[name] <= types0[name], grown
     assert sum(types1.values()) - sum(types0.values()) < OBJECT_TOLERANCE, grown

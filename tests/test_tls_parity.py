@@ -103,6 +103,7 @@ def test_handshake_data_and_extra_info(loop, pki, version):
         ct, st = pair.client_transport, pair.server.transport
         for t in (ct, st):
             assert isinstance(t, asyncio.Transport)
+            assert "ssl" in type(t).__name__.lower()  # what CPython's and uvloop's tests look for
             assert_tls_path(loop, t)
             obj = t.get_extra_info("ssl_object")
             assert isinstance(obj, ssl.SSLObject)

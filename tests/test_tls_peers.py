@@ -505,7 +505,7 @@ async def app(scope, receive, send):
     if scope["path"] == "/info":
         loop = asyncio.get_running_loop()
         paths = sorted({getattr(o, "_tls_path", None) for o in gc.get_objects()
-                        if type(o).__name__ in ("TlsTransport", "_SSLProtocolTransport")}, key=str)
+                        if type(o).__name__ in ("SSLTransport", "_SSLProtocolTransport")}, key=str)
         body = json.dumps({"loop": type(loop).__module__ + "." + type(loop).__name__,
                            "scheme": scope["scheme"], "paths": paths}).encode()
     await send({"type": "http.response.start", "status": 200,
@@ -588,7 +588,7 @@ def test_aiohttp_server_and_client(loop, pki):
                         assert (await r.text()).startswith("hello over TLSv1.")
                 # The client's pooled connection and the server's.
                 live = [o for o in gc.get_objects()
-                        if type(o).__name__ in ("TlsTransport", "_SSLProtocolTransport")
+                        if type(o).__name__ in ("SSLTransport", "_SSLProtocolTransport")
                         and getattr(o, "_loop", None) is loop and not o.is_closing()]
                 assert len(live) >= 2
                 for t in live:

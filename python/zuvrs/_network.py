@@ -27,7 +27,7 @@ from .transports import (
     make_write_pipe_transport,
     native_stream_socket,
 )
-from .transports._tls import NATIVE_TLS, TlsSetup, TlsTransport, open_tls
+from .transports._tls import NATIVE_TLS, SSLTransport, TlsSetup, open_tls
 
 _open_tcp = SocketTransport._open_tcp
 
@@ -189,7 +189,7 @@ class NetworkMixin:
         socket_transport = SocketTransport._unconnected(self, rawsock, extra)
         transport = open_tls(self, socket_transport, setup, waiter, call_connection_made=True,
                              on_fallback=with_sslproto)
-        if isinstance(transport, TlsTransport):
+        if isinstance(transport, SSLTransport):
             socket_transport._carry_tls(transport, server)
         return transport
 

@@ -27,7 +27,7 @@ from asyncio.log import logger
 
 from ._base import CoreMethod, report_error
 
-__all__ = ("TlsTransport", "TlsSetup", "open_tls", "NATIVE_TLS")
+__all__ = ("SSLTransport", "TlsSetup", "open_tls", "NATIVE_TLS")
 
 # asyncio's sslproto was rewritten in 3.11 (after uvloop's): that is the
 # state machine the core mirrors. 3.10 keeps its own sslproto.
@@ -98,7 +98,7 @@ def open_tls(loop, socket_transport, setup, waiter, *, call_connection_made, on_
         if loop.get_debug():
             logger.debug("%r: TLS through asyncio's sslproto: %s", socket_transport, why)
         return on_fallback(why)
-    tls = TlsTransport(loop, socket_transport, setup.sslcontext, setup.sslobj, waiter, setup.handshake_timeout,
+    tls = SSLTransport(loop, socket_transport, setup.sslcontext, setup.sslobj, waiter, setup.handshake_timeout,
                        setup.shutdown_timeout)
     core._set_wrapper(tls)
     # The socket transport's close() is the socket's, as asyncio's under
@@ -111,8 +111,9 @@ def open_tls(loop, socket_transport, setup, waiter, *, call_connection_made, on_
     return tls
 
 
-class TlsTransport(transports._FlowControlMixin, transports.Transport):
-    """The application's transport of a native TLS connection.
+class SSLTransport(transports._FlowControlMixin, transports.Transport):
+    """The application's transport of a native TLS connection (named as
+    asyncio's and uvloop's are, with "SSL": code and tests look for it).
 
     Its methods are the socket core's, which dispatches them to its TLS
     reader (write encrypts, close sends close_notify, pause_reading stops
