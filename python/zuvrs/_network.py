@@ -28,7 +28,7 @@ from .transports import (
     make_write_pipe_transport,
     native_stream_socket,
 )
-from .transports._tls import NATIVE_TLS, TlsTransport, open_tls
+from .transports._tls import NATIVE_TLS, SSLTransport, TlsSetup, open_tls
 
 _open_tcp = SocketTransport._open_tcp
 
@@ -176,7 +176,7 @@ class NetworkMixin:
         the socket is served by a native core and the TLS objects allow it,
         else asyncio's sslproto over the socket transport."""
 
-        def with_sslproto(why=None):
+        def with_sslproto(why):
             ssl_protocol = sslproto.SSLProtocol(
                 self, protocol, sslcontext, waiter, server_side, server_hostname, **timeouts
             )
@@ -184,21 +184,26 @@ class NetworkMixin:
                 self._make_socket_transport(rawsock, ssl_protocol, extra=extra, server=server)
             else:
                 socket_transport._connect(socket_transport._core, ssl_protocol, None, server)
-            return ssl_protocol._app_transport
+            transport = ssl_protocol._app_transport
+            transport._tls_path = f"sslproto: {why}"
+            return transport
 
+        socket_transport = None
+        if not NATIVE_TLS:
+            return with_sslproto("asyncio's sslproto before 3.11")
         if not native_stream_socket(rawsock):
-            socket_transport = None
-            return with_sslproto()
+            return with_sslproto("the socket's class overrides its I/O methods")
         self._ensure_fd_no_transport(rawsock)
-        socket_transport = SocketTransport._unconnected(self, rawsock, extra)
-        transport = open_tls(
-            self, socket_transport, protocol, sslcontext, waiter,
-            server_side=server_side, server_hostname=server_hostname,
+        # SSLProtocol's checks and objects first: an error leaves rawsock alone.
+        setup = TlsSetup(
+            protocol, sslcontext, server_side=server_side, server_hostname=server_hostname,
             ssl_handshake_timeout=timeouts.get("ssl_handshake_timeout"),
             ssl_shutdown_timeout=timeouts.get("ssl_shutdown_timeout"),
-            call_connection_made=True, on_fallback=with_sslproto,
         )
-        if isinstance(transport, TlsTransport):
+        socket_transport = SocketTransport._unconnected(self, rawsock, extra)
+        transport = open_tls(self, socket_transport, setup, waiter, call_connection_made=True,
+                             on_fallback=with_sslproto)
+        if isinstance(transport, SSLTransport):
             socket_transport._carry_tls(transport, server)
         return transport
 
@@ -213,17 +218,16 @@ class NetworkMixin:
             return await super().start_tls(
                 transport, protocol, sslcontext, server_side=server_side, server_hostname=server_hostname, **timeouts
             )
+        setup = TlsSetup(
+            protocol, sslcontext, server_side=server_side, server_hostname=server_hostname,
+            ssl_handshake_timeout=ssl_handshake_timeout, ssl_shutdown_timeout=ssl_shutdown_timeout,
+        )
         waiter = self.create_future()
 
         def with_sslproto(why):
             return None
 
-        tls = open_tls(
-            self, transport, protocol, sslcontext, waiter,
-            server_side=server_side, server_hostname=server_hostname,
-            ssl_handshake_timeout=ssl_handshake_timeout, ssl_shutdown_timeout=ssl_shutdown_timeout,
-            call_connection_made=False, on_fallback=with_sslproto,
-        )
+        tls = open_tls(self, transport, setup, waiter, call_connection_made=False, on_fallback=with_sslproto)
         if tls is None:
             return await super().start_tls(
                 transport, protocol, sslcontext, server_side=server_side, server_hostname=server_hostname, **timeouts
@@ -233,8 +237,9 @@ class NetworkMixin:
         try:
             await waiter
         except BaseException:
+            # As asyncio: the socket closes (what is queued still goes out).
             begin.cancel()
-            tls.close()
+            transport._core._close_socket()
             raise
         return tls
 

@@ -36,7 +36,8 @@ def report_error(transport, exc, message, protocol, quiet=False):
     handler. For a fatal error the caller then closes the transport."""
     if quiet:
         if transport._loop.get_debug():
-            logger.debug("%r: %s", transport, message, exc_info=True)
+            # (The exception itself: this often runs outside its handler.)
+            logger.debug("%r: %s", transport, message, exc_info=exc)
     else:
         transport._loop.call_exception_handler(
             {"message": message, "exception": exc, "transport": transport, "protocol": protocol}

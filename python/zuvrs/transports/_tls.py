@@ -27,7 +27,7 @@ from asyncio.log import logger
 
 from ._base import CoreMethod, report_error
 
-__all__ = ("TlsTransport", "open_tls", "NATIVE_TLS")
+__all__ = ("SSLTransport", "TlsSetup", "open_tls", "NATIVE_TLS")
 
 # asyncio's sslproto was rewritten in 3.11 (after uvloop's): that is the
 # state machine the core mirrors. 3.10 keeps its own sslproto.
@@ -55,41 +55,65 @@ def _limits(high, low, kib):
     return sslproto.add_flowcontrol_defaults(high, low, kib)
 
 
-def open_tls(loop, socket_transport, protocol, sslcontext, waiter, *, server_side, server_hostname,
-             ssl_handshake_timeout, ssl_shutdown_timeout, call_connection_made, on_fallback):
-    """TLS on `socket_transport` (a zuvrs SocketTransport not yet started,
-    or one in use, for start_tls) for the application `protocol`.
+class TlsSetup:
+    """What asyncio's ``SSLProtocol.__init__`` checks and makes for one
+    connection (the timeouts, a default context, the SSLObject), made before
+    any transport is touched: an error here leaves the socket as it was, as
+    with asyncio, where the SSLProtocol is made before its transport."""
+
+    __slots__ = ("protocol", "sslcontext", "server_side", "server_hostname", "handshake_timeout",
+                 "shutdown_timeout", "sslobj", "incoming", "outgoing")
+
+    def __init__(self, protocol, sslcontext, *, server_side, server_hostname, ssl_handshake_timeout,
+                 ssl_shutdown_timeout):
+        self.handshake_timeout, self.shutdown_timeout = _check_timeouts(ssl_handshake_timeout, ssl_shutdown_timeout)
+        if not sslcontext:
+            sslcontext = sslproto._create_transport_context(server_side, server_hostname)
+        self.protocol = protocol
+        self.sslcontext = sslcontext
+        self.server_side = server_side
+        self.server_hostname = server_hostname if server_hostname and not server_side else None
+        self.sslobj = self.incoming = self.outgoing = None
+        if NATIVE_TLS:
+            self.incoming = ssl.MemoryBIO()
+            self.outgoing = ssl.MemoryBIO()
+            self.sslobj = sslcontext.wrap_bio(self.incoming, self.outgoing, server_side=server_side,
+                                              server_hostname=self.server_hostname)
+
+
+def open_tls(loop, socket_transport, setup, waiter, *, call_connection_made, on_fallback):
+    """TLS as `setup` (a TlsSetup) says on `socket_transport` (a zuvrs
+    SocketTransport not yet started, or one in use, for start_tls).
 
     Returns the native TLS transport, or calls ``on_fallback(why)`` (which
     sets up asyncio's sslproto) and returns what it returns.
     """
-    handshake_timeout, shutdown_timeout = _check_timeouts(ssl_handshake_timeout, ssl_shutdown_timeout)
-    if not sslcontext:
-        sslcontext = sslproto._create_transport_context(server_side, server_hostname)
-    hostname = server_hostname if server_hostname and not server_side else None
     if not NATIVE_TLS:
         return on_fallback("asyncio's sslproto before 3.11")
-    incoming = ssl.MemoryBIO()
-    outgoing = ssl.MemoryBIO()
-    sslobj = sslcontext.wrap_bio(incoming, outgoing, server_side=server_side, server_hostname=hostname)
+    protocol = setup.protocol
     buffered = isinstance(protocol, protocols.BufferedProtocol)
     core = socket_transport._core
-    why = core._start_tls(sslobj, incoming, outgoing, protocol, buffered, call_connection_made)
+    why = core._start_tls(setup.sslobj, setup.incoming, setup.outgoing, protocol, buffered, call_connection_made)
     if why is not None:
         if loop.get_debug():
             logger.debug("%r: TLS through asyncio's sslproto: %s", socket_transport, why)
-        transport = on_fallback(why)
-        transport._tls_path = f"sslproto: {why}"
-        return transport
-    tls = TlsTransport(loop, socket_transport, sslcontext, sslobj, waiter, handshake_timeout, shutdown_timeout)
+        return on_fallback(why)
+    tls = SSLTransport(loop, socket_transport, setup.sslcontext, setup.sslobj, waiter, setup.handshake_timeout,
+                       setup.shutdown_timeout)
     core._set_wrapper(tls)
+    # The socket transport's close() is the socket's, as asyncio's under
+    # sslproto (what Server.close_clients() and start_tls's caller reach):
+    # no close_notify, the socket closes once its queue is out.
+    socket_transport.close = core._close_socket
+    socket_transport.is_closing = core._socket_is_closing
     if loop.get_debug():
         logger.debug("%r: native TLS", tls)
     return tls
 
 
-class TlsTransport(transports._FlowControlMixin, transports.Transport):
-    """The application's transport of a native TLS connection.
+class SSLTransport(transports._FlowControlMixin, transports.Transport):
+    """The application's transport of a native TLS connection (named as
+    asyncio's and uvloop's are, with "SSL": code and tests look for it).
 
     Its methods are the socket core's, which dispatches them to its TLS
     reader (write encrypts, close sends close_notify, pause_reading stops
@@ -100,6 +124,7 @@ class TlsTransport(transports._FlowControlMixin, transports.Transport):
     _start_tls_compatible = True
     _sendfile_compatible = constants._SendfileMode.FALLBACK
     _tls_path = "native"
+    _lost = False  # connection_lost ran (the socket's extra info is gone)
 
     write = CoreMethod("write")
     writelines = CoreMethod("writelines")
@@ -135,6 +160,13 @@ class TlsTransport(transports._FlowControlMixin, transports.Transport):
     def get_extra_info(self, name, default=None):
         if name in self._extra:
             return self._extra[name]
+        if name == "uvloop.sslproto":
+            # uvloop's name for its SSLProtocol (its tests pause and resume
+            # the socket side through it): what ``_ssl_protocol`` gives.
+            return self._ssl_protocol
+        if self._lost:
+            # sslproto drops its socket transport in connection_lost.
+            return default
         return self._socket.get_extra_info(name, default)
 
     def set_protocol(self, protocol):
@@ -169,6 +201,18 @@ class TlsTransport(transports._FlowControlMixin, transports.Transport):
 
     def _force_close(self, exc):
         self._core._force_close(exc)
+
+    # -- sslproto's test hooks (CPython's and uvloop's TLS tests use them) ------------
+
+    @property
+    def _ssl_protocol(self):
+        """What of sslproto's SSLProtocol tests reach: its socket-side flow
+        control (``pause_writing()`` / ``resume_writing()``)."""
+        return _SslProtocolFlow(self._core)
+
+    def _test__append_write_backlog(self, data):
+        # sslproto's: plaintext joins the backlog without being written.
+        self._core._tls_append_write_backlog(data)
 
     # -- once per connection, called by the core ---------------------------------------
 
@@ -235,14 +279,19 @@ class TlsTransport(transports._FlowControlMixin, transports.Transport):
         # debug mode only, a cancellation not at all.
         protocol = self._core.get_protocol()
         self._core._force_close(exc)
-        if not isinstance(exc, exceptions.CancelledError):
-            report_error(self._socket, exc, message, protocol, quiet=isinstance(exc, OSError))
+        if isinstance(exc, OSError):
+            if self._loop.get_debug():
+                # (exc_info is the exception: this runs outside its handler.)
+                logger.debug("%r: %s", self._socket, message, exc_info=exc)
+        elif not isinstance(exc, exceptions.CancelledError):
+            report_error(self._socket, exc, message, protocol)
 
     def _report_error(self, message, exc):
         report_error(self, exc, message, self._core.get_protocol())
 
     def _call_connection_lost(self, exc):
         """The socket's connection is over (sslproto's connection_lost)."""
+        self._lost = True
         try:
             protocol = self._core.get_protocol()
             if self._core._tls_connection_lost() and protocol is not None:
@@ -270,3 +319,23 @@ class TlsTransport(transports._FlowControlMixin, transports.Transport):
             waiter.set_exception(exc)
         else:
             futures._set_result_unless_cancelled(waiter, None)
+
+
+class _SslProtocolFlow:
+    """sslproto's ``SSLProtocol.pause_writing()`` / ``resume_writing()`` of
+    a native TLS connection: while paused, the socket takes no ciphertext,
+    which stays in the TLS session (counted by ``get_write_buffer_size()``);
+    resuming hands it to the socket. They assert as sslproto's do."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core):
+        self._core = core
+
+    def pause_writing(self):
+        if not self._core._tls_pause_ssl_writing():
+            raise AssertionError
+
+    def resume_writing(self):
+        if not self._core._tls_resume_ssl_writing():
+            raise AssertionError

@@ -144,16 +144,34 @@ impl StreamCore {
         self.state.with(py, |st| st.kind)
     }
 
-    /// What write flow control counts: the queue and what is in flight;
-    /// for TLS also the plaintext not yet encrypted.
+    /// What write flow control counts (and get_write_buffer_size says): the
+    /// queue and what is in flight; for TLS, as sslproto, the plaintext not
+    /// yet encrypted and the ciphertext held in the session (the socket's
+    /// queue has flow control of its own: tls.rs).
     fn buffer_size(&self, py: Python<'_>) -> usize {
-        self.state.with(py, |st| {
-            let backlog = match &st.reader {
-                Reader::Tls(t) => t.backlog_bytes(),
-                _ => 0,
-            };
-            st.writes.size() + backlog
+        self.state.with(py, |st| match &st.reader {
+            Reader::Tls(t) => t.unsent(py),
+            _ => st.writes.size(),
         })
+    }
+
+    /// The write queue grew: the protocol may have to pause (for TLS, the
+    /// socket's pause of SSLProtocol).
+    fn queue_grew(&self, py: Python<'_>) -> PyResult<()> {
+        if self.is_tls(py) {
+            self.tls_socket_queue_grew(py);
+            return Ok(());
+        }
+        self.pause_protocol_if_needed(py, self.buffer_size(py))
+    }
+
+    /// The write queue shrank: the protocol may resume (for TLS, the
+    /// socket's resume of SSLProtocol).
+    fn queue_shrank(&self, py: Python<'_>) -> PyResult<()> {
+        if self.is_tls(py) {
+            return self.tls_socket_queue_shrank(py);
+        }
+        self.resume_protocol_if_needed(py, self.buffer_size(py))
     }
 
     fn socket_pause_reading(&self, py: Python<'_>) {
@@ -441,6 +459,12 @@ impl StreamCore {
         })
     }
 
+    /// Whether the socket itself is closing (the plain transport under a
+    /// TLS one: asyncio's socket transport's `is_closing()`).
+    fn _socket_is_closing(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| st.base.closing)
+    }
+
     /// Frees the libuv handle and fd (after connection_lost ran).
     fn _close_handle(&self, py: Python<'_>) {
         self.close_handle(py);
@@ -480,7 +504,12 @@ impl StreamCore {
     }
 
     /// The write buffer's water marks, in bytes (see transports/_base.py).
+    /// A TLS transport may also resume the protocol (sslproto's
+    /// `_control_app_writing`, tls.rs).
     fn _set_water_marks(&self, py: Python<'_>, high: usize, low: usize) -> PyResult<()> {
+        if self.is_tls(py) {
+            return self.tls_set_water_marks(py, high, low);
+        }
         self.set_water_marks(py, high, low, self.buffer_size(py))
     }
 
@@ -562,6 +591,22 @@ impl StreamCore {
 
     fn _tls_read_buffer_size(&self, py: Python<'_>) -> usize {
         self.tls_read_buffer_size(py)
+    }
+
+    /// sslproto's `pause_writing()` / `resume_writing()` (its socket's flow
+    /// control; tests reach them through `transport._ssl_protocol`): False
+    /// if already so.
+    fn _tls_pause_ssl_writing(&self, py: Python<'_>) -> bool {
+        self.tls_pause_ssl_writing(py)
+    }
+
+    fn _tls_resume_ssl_writing(&self, py: Python<'_>) -> PyResult<bool> {
+        self.tls_resume_ssl_writing(py)
+    }
+
+    /// sslproto's `_test__append_write_backlog(data)`.
+    fn _tls_append_write_backlog(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.tls_append_write_backlog(py, data)
     }
 
     /// asyncio's name of the TLS state (None for a plain transport).

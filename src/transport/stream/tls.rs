@@ -9,9 +9,15 @@
 //! Application writes wait in a plaintext backlog until the end of the turn,
 //! when they are encrypted together (small writes coalesce into full
 //! records) and the ciphertext joins the socket's write queue: one system
-//! call per turn, as for plain transports. Write flow control counts the
-//! backlog and the ciphertext not yet taken by the kernel, at asyncio's TLS
-//! water marks.
+//! call per turn, as for plain transports. Write flow control is
+//! sslproto's, on two levels: the socket's queue has asyncio's socket marks
+//! (64 / 16 KiB), and over them the socket "pauses SSLProtocol": ciphertext
+//! then stays in the session. The application's buffer
+//! (`get_write_buffer_size()`, its pause_writing / resume_writing at the
+//! TLS marks, 512 / 128 KiB) is the backlog and that held ciphertext, not
+//! the socket's queue. The only difference left is the batching: within a
+//! turn, plaintext written is still counted (sslproto encrypts and hands it
+//! to the socket inside write()).
 //!
 //! What happens once per connection is Python (transports/_tls.py): the
 //! choice of this path, the handshake's and the shutdown's timeouts, the
@@ -42,6 +48,13 @@ use crate::transport::readbuf::{self, READ_SIZE};
 const HIGH_WATER_WRITE: usize = 512 * 1024;
 const HIGH_WATER_READ: usize = 256 * 1024;
 
+/// The water marks of the socket underneath (asyncio's socket transport's
+/// defaults, which sslproto never changes): over the high one the socket
+/// pauses its protocol, sslproto's SSLProtocol, which then keeps ciphertext
+/// in the session; at the low one it resumes it.
+pub(super) const SOCKET_HIGH_WATER: usize = 64 * 1024;
+const SOCKET_LOW_WATER: usize = SOCKET_HIGH_WATER / 4;
+
 /// sslproto's `SSLProtocolState`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum TlsState {
@@ -70,6 +83,15 @@ pub(super) struct Tls {
     /// The application transport's close() or abort() was called.
     pub(super) app_closed: bool,
     app_reading_paused: bool,
+    /// sslproto's `_ssl_writing_paused`: ciphertext stays in the session's
+    /// outgoing buffer (and counts in the write buffer) instead of joining
+    /// the socket's queue. Set while the socket's queue is over its
+    /// high-water mark (asyncio's socket transport pausing SSLProtocol), or
+    /// by `transport._ssl_protocol.pause_writing()`.
+    ssl_writing_paused: bool,
+    /// The socket's own `_protocol_paused` (its queue went over
+    /// SOCKET_HIGH_WATER and has not drained to SOCKET_LOW_WATER yet).
+    socket_paused: bool,
     /// The socket's reading was paused: too much ciphertext is waiting.
     ssl_reading_paused: bool,
     /// The socket's EOF arrived.
@@ -87,8 +109,11 @@ pub(super) struct Tls {
 }
 
 impl Tls {
-    pub(super) fn backlog_bytes(&self) -> usize {
-        self.backlog_bytes
+    /// What the application's write buffer holds besides the socket's
+    /// queue: the plaintext backlog and ciphertext not yet handed to the
+    /// socket (sslproto's `_write_buffer_size + _outgoing.pending`).
+    pub(super) fn unsent(&self, py: Python<'_>) -> usize {
+        self.backlog_bytes + self.session.output_len(py)
     }
 }
 
@@ -139,6 +164,8 @@ impl StreamCore {
             app_buffered: buffered,
             app_closed: false,
             app_reading_paused: false,
+            ssl_writing_paused: false,
+            socket_paused: false,
             ssl_reading_paused: false,
             eof_received: false,
             backlog: VecDeque::new(),
@@ -201,7 +228,10 @@ impl StreamCore {
                         Ok(())
                     }
                     Err(err) if is_fatal_base(py, &err) => Err(err),
-                    Err(err) => self.tls_fatal_error(py, err, "Fatal error on SSL protocol"),
+                    // The application's connection_made raised: in asyncio
+                    // it escapes SSLProtocol.buffer_updated, and the socket
+                    // transport reports it so.
+                    Err(err) => self.tls_fatal_error(py, err, "Fatal error: protocol.buffer_updated() call failed."),
                 }
             }
             Some(Err(err)) if tls::is_again(py, &err) => self.tls_process_outgoing(py),
@@ -209,12 +239,12 @@ impl StreamCore {
         }
     }
 
-    /// sslproto's `_on_handshake_complete(exc)` for a failure. The alert
-    /// the session wrote for the peer goes out first.
+    /// sslproto's `_on_handshake_complete(exc)` for a failure. As there,
+    /// the alert the session wrote for the peer stays in the session: the
+    /// socket closes at once, and the peer sees the connection end (a
+    /// ConnectionResetError in its handshake) exactly as with asyncio.
     fn tls_handshake_failed(&self, py: Python<'_>, err: PyErr) -> PyResult<()> {
         self.with_tls(py, |t| t.state = TlsState::Unwrapped);
-        self.tls_process_outgoing(py)?;
-        self.flush(py)?;
         let wrapper = self.wrapper(py);
         python::call_method(wrapper.bind(py), pyo3::intern!(py, "_tls_handshake_failed"), (err.into_value(py),))?;
         Ok(())
@@ -427,6 +457,7 @@ impl StreamCore {
 
     /// sslproto's `_start_shutdown` (the application transport's close()).
     fn tls_start_shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        self.tls_write_backlog_now(py)?;
         let Some(state) = self.with_tls(py, |t| {
             let state = t.state;
             if !matches!(state, TlsState::Flushing | TlsState::Shutdown | TlsState::Unwrapped) {
@@ -528,6 +559,7 @@ impl StreamCore {
                 self.tls_handshake_failed(py, err).map(|()| false)
             }
             TlsState::Wrapped => {
+                self.tls_write_backlog_now(py)?;
                 let paused = self.with_tls(py, |t| {
                     t.state = TlsState::Flushing;
                     t.app_reading_paused
@@ -588,14 +620,13 @@ impl StreamCore {
             .state
             .with(py, |st| {
                 let high = st.base.high_water;
-                let queued = st.writes.size();
                 let Reader::Tls(t) = &mut st.reader else { return None };
                 let was_empty = t.backlog.is_empty();
                 for (chunk, len) in chunks {
                     t.backlog.push_back(chunk);
                     t.backlog_bytes += len;
                 }
-                Some((t.backlog_bytes + queued >= high, was_empty && t.state == TlsState::Wrapped))
+                Some((t.unsent(py) >= high, was_empty && t.state == TlsState::Wrapped))
             })
             .unwrap_or((false, false));
         if state == TlsState::Wrapped {
@@ -609,11 +640,13 @@ impl StreamCore {
                     return self.tls_fatal_error(py, err, "Fatal error on SSL protocol");
                 }
             } else if ask {
-                // Encrypted with the rest of the turn's writes before the poll.
+                // Encrypted with the rest of the turn's writes before the poll
+                // (and flow control looks at them then, as sslproto does once
+                // it has encrypted them).
                 self.ask_before_poll(py, false);
             }
         }
-        self.pause_protocol_if_needed(py, self.buffer_size(py))
+        Ok(())
     }
 
     /// sslproto's `_do_write`: the backlog encrypted, the ciphertext queued.
@@ -651,16 +684,159 @@ impl StreamCore {
         self.tls_process_outgoing(py)
     }
 
+    /// Before the connection leaves WRAPPED (close(), the socket's EOF): the
+    /// writes of this turn not yet encrypted are, as sslproto would have
+    /// encrypted them in write(). What follows (close_notify) comes after.
+    fn tls_write_backlog_now(&self, py: Python<'_>) -> PyResult<()> {
+        if self.with_tls(py, |t| t.state == TlsState::Wrapped && !t.backlog.is_empty()) != Some(true) {
+            return Ok(());
+        }
+        match self.tls_do_write(py) {
+            Err(err) if !is_fatal_base(py, &err) => self.tls_fatal_error(py, err, "Fatal error on SSL protocol"),
+            other => other,
+        }
+    }
+
+    /// sslproto's `pause_writing()` (called by its socket transport; here,
+    /// by tests through `transport._ssl_protocol`): the ciphertext stays in
+    /// the session. False if it was paused already (sslproto asserts).
+    pub(super) fn tls_pause_ssl_writing(&self, py: Python<'_>) -> bool {
+        self.with_tls(py, |t| !std::mem::replace(&mut t.ssl_writing_paused, true)).unwrap_or(false)
+    }
+
+    /// sslproto's `resume_writing()`: what the session holds goes to the
+    /// socket. False if it was not paused.
+    pub(super) fn tls_resume_ssl_writing(&self, py: Python<'_>) -> PyResult<bool> {
+        if self.with_tls(py, |t| std::mem::replace(&mut t.ssl_writing_paused, false)) != Some(true) {
+            return Ok(false);
+        }
+        self.tls_process_outgoing(py)?;
+        Ok(true)
+    }
+
+    /// sslproto's `_test__append_write_backlog(data)`: plaintext joins the
+    /// backlog without being written (a later write or read sends it).
+    pub(super) fn tls_append_write_backlog(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (chunk, len) = to_chunk(data)?;
+        self.with_tls(py, |t| {
+            t.backlog.push_back(chunk);
+            t.backlog_bytes += len;
+        });
+        Ok(())
+    }
+
     /// sslproto's `_process_outgoing`: the session's ciphertext joins the
-    /// socket's write queue.
+    /// socket's write queue (unless `_ssl_protocol.pause_writing()` holds
+    /// it in the session).
     fn tls_process_outgoing(&self, py: Python<'_>) -> PyResult<()> {
         let mut out = Vec::new();
-        let n = self.with_tls(py, |t| t.session.take_output(py, &mut out)).unwrap_or(0);
+        let n = self
+            .with_tls(py, |t| if t.ssl_writing_paused { 0 } else { t.session.take_output(py, &mut out) })
+            .unwrap_or(0);
         if n > 0 {
-            self.enqueue_raw(py, Chunk::owned(out), n)?;
+            // A lost socket drops what it is given, as asyncio's socket
+            // transport does (warning after a few).
+            let warn = self.state.with(py, |st| {
+                if st.base.conn_lost == 0 && st.handle.is_some() {
+                    return None;
+                }
+                let warn = st.base.conn_lost >= LOG_THRESHOLD_FOR_CONNLOST_WRITES;
+                st.base.conn_lost += 1;
+                Some(warn)
+            });
+            match warn {
+                None => self.enqueue_raw(py, Chunk::owned(out), n)?,
+                Some(true) => {
+                    python::call_method(
+                        python::logger(py)?,
+                        pyo3::intern!(py, "warning"),
+                        ("socket.send() raised exception.",),
+                    )?;
+                }
+                Some(false) => {}
+            }
         }
-        self.pause_protocol_if_needed(py, self.buffer_size(py))?;
-        self.resume_protocol_if_needed(py, self.buffer_size(py))
+        self.tls_control_app_writing(py)
+    }
+
+    /// sslproto's `_control_app_writing`: the application's pause_writing
+    /// at the high-water mark, or else its resume_writing at the low one,
+    /// on what the application's write buffer holds (backlog and ciphertext
+    /// held in the session; not the socket's queue). Called where sslproto
+    /// calls it: after handing ciphertext to the socket, and when the
+    /// limits change.
+    pub(super) fn tls_control_app_writing(&self, py: Python<'_>) -> PyResult<()> {
+        let size = self.buffer_size(py);
+        let call = self.state.with(py, |st| {
+            let b = &mut st.base;
+            if size >= b.high_water && !b.protocol_paused {
+                b.protocol_paused = true;
+                Some((true, b.protocol.as_ref().map(|p| p.clone_ref(py))))
+            } else if size <= b.low_water && b.protocol_paused {
+                b.protocol_paused = false;
+                Some((false, b.protocol.as_ref().map(|p| p.clone_ref(py))))
+            } else {
+                None
+            }
+        });
+        match call {
+            None => Ok(()),
+            Some((true, protocol)) => {
+                self.tell_protocol(py, protocol, python::protocol::pause_writing(py), "protocol.pause_writing() failed")
+            }
+            Some((false, protocol)) => self.tell_protocol(
+                py,
+                protocol,
+                python::protocol::resume_writing(py),
+                "protocol.resume_writing() failed",
+            ),
+        }
+    }
+
+    /// The socket's queue grew (writer.rs): over SOCKET_HIGH_WATER the
+    /// socket pauses SSLProtocol (asyncio's `_maybe_pause_protocol` on the
+    /// socket transport): ciphertext stays in the session from now on.
+    pub(super) fn tls_socket_queue_grew(&self, py: Python<'_>) {
+        self.state.with(py, |st| {
+            let queued = st.writes.size();
+            if let Reader::Tls(t) = &mut st.reader {
+                if queued > SOCKET_HIGH_WATER && !t.socket_paused {
+                    t.socket_paused = true;
+                    t.ssl_writing_paused = true;
+                }
+            }
+        })
+    }
+
+    /// The socket's queue shrank (writer.rs): down to SOCKET_LOW_WATER the
+    /// socket resumes SSLProtocol, whose `resume_writing` hands the session's
+    /// ciphertext to the socket (and may resume the application).
+    pub(super) fn tls_socket_queue_shrank(&self, py: Python<'_>) -> PyResult<()> {
+        let resume = self.state.with(py, |st| {
+            let queued = st.writes.size();
+            match &mut st.reader {
+                Reader::Tls(t) if t.socket_paused && queued <= SOCKET_LOW_WATER => {
+                    t.socket_paused = false;
+                    t.ssl_writing_paused = false;
+                    true
+                }
+                _ => false,
+            }
+        });
+        if resume {
+            self.tls_process_outgoing(py)?;
+        }
+        Ok(())
+    }
+
+    /// `set_write_buffer_limits` (checked in Python): sslproto's new marks,
+    /// then `_control_app_writing`.
+    pub(super) fn tls_set_water_marks(&self, py: Python<'_>, high: usize, low: usize) -> PyResult<()> {
+        self.state.with(py, |st| {
+            st.base.high_water = high;
+            st.base.low_water = low;
+        });
+        self.tls_control_app_writing(py)
     }
 
     /// sslproto's `_control_ssl_reading`: the socket's reading pauses while
@@ -740,9 +916,30 @@ impl StreamCore {
     }
 
     /// sslproto's `_fatal_error`: the transport's `_fatal_error` (report,
-    /// then the socket closes with `exc`).
+    /// then the socket closes with `exc`). What the application wrote
+    /// earlier in this turn is offered to the socket first: asyncio had
+    /// encrypted and sent it in write(), before the error.
     fn tls_fatal_error(&self, py: Python<'_>, err: PyErr, message: &str) -> PyResult<()> {
+        self.tls_offer_pending(py)?;
         self.fatal_error(py, err, message)
+    }
+
+    /// The turn's unencrypted writes encrypted (if the session still can)
+    /// and the socket's queue offered to the kernel once, before a fatal
+    /// error drops what is left (as `abort()` does for a plain socket).
+    fn tls_offer_pending(&self, py: Python<'_>) -> PyResult<()> {
+        let write = self.with_tls(py, |t| !t.backlog.is_empty() && t.state == TlsState::Wrapped);
+        if write == Some(true) {
+            match self.tls_do_write(py) {
+                Err(err) if is_fatal_base(py, &err) => return Err(err),
+                // The session failed too: the rest is dropped with the socket.
+                _ => {}
+            }
+        }
+        if self.state.with(py, |st| st.base.conn_lost == 0 && !st.writes.writing() && st.writes.has_queued()) {
+            self.flush(py)?;
+        }
+        Ok(())
     }
 
     /// The application's close(): the TLS shutdown (a second close() is a
@@ -775,6 +972,9 @@ impl StreamCore {
             t.state = TlsState::Unwrapped;
             t.app_closed = true;
             t.backlog_bytes = 0;
+            // sslproto's `self._outgoing.read()`.
+            let n = t.session.output_len(py);
+            t.session.consume_output(py, n);
             (due, std::mem::take(&mut t.backlog))
         });
         match dropped {

@@ -19,6 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
 use smallvec::SmallVec;
 
+use super::reader::Reader;
 use super::{StreamCore, StreamKind};
 use crate::errors::uv_error;
 use crate::eventloop::ClientPtr;
@@ -268,13 +269,18 @@ impl StreamCore {
     pub(super) fn enqueue_raw(&self, py: Python<'_>, chunk: Chunk, len: usize) -> PyResult<()> {
         let running = self.shared().is_running(py);
         let (flush_now, ask, me) = self.state.with(py, |st| {
+            // A TLS socket's own mark (the TLS marks are the application's).
+            let high = match st.reader {
+                Reader::Tls(_) => super::tls::SOCKET_HIGH_WATER,
+                _ => st.base.high_water,
+            };
             let w = &mut st.writes;
             w.queue.push_back(chunk);
             w.queued_bytes += len;
             if w.writing {
                 return (false, false, None);
             }
-            if w.queued_bytes > st.base.high_water || !running {
+            if w.queued_bytes > high || !running {
                 // Too much to hold until the end of the turn, or no turn
                 // coming (the loop is not running): try the socket now, so
                 // flow control reflects what the kernel could not take, as
@@ -294,7 +300,7 @@ impl StreamCore {
                 self.shared().before_poll(py, me, ClientPtr(self));
             }
         }
-        self.pause_protocol_if_needed(py, self.buffer_size(py))
+        self.queue_grew(py)
     }
 
     /// One vectored try-write of everything queued; the rest goes to
@@ -322,7 +328,7 @@ impl StreamCore {
             Ok(false) => Ok(()),
             Ok(true) => {
                 self.submit(py)?;
-                self.resume_protocol_if_needed(py, self.buffer_size(py))?;
+                self.queue_shrank(py)?;
                 self.after_drain(py)
             }
             Err((code, dropped)) => {
@@ -449,7 +455,7 @@ impl StreamCore {
             return self.fatal_error(py, uv_error(status), self.msg_write_error(py));
         }
         self.submit(py)?;
-        self.resume_protocol_if_needed(py, self.buffer_size(py))?;
+        self.queue_shrank(py)?;
         self.after_drain(py)
     }
 }
