@@ -587,14 +587,17 @@ def test_pause_reading_stops_data_received(loop):
         pair = await TcpPair.open()
         try:
             ct, st = pair.client.transport, pair.server.transport
+            assert ct._paused is False  # asyncio's attribute, read by code outside it
             ct.pause_reading()
             assert ct.is_reading() is False
+            assert ct._paused is True
             ct.pause_reading()  # idempotent
             st.write(b"while paused")
             await asyncio.sleep(0.1)
             assert pair.client.nbytes == 0
             ct.resume_reading()
             assert ct.is_reading() is True
+            assert ct._paused is False
             ct.resume_reading()  # idempotent
             await pair.client.received(12)
             assert bytes(pair.client.data) == b"while paused"

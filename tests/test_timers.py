@@ -368,3 +368,87 @@ def test_busy_callbacks_do_not_starve_timers(loop):
     run_forever(loop)
     assert fired and fired[0] - t0 < 1.0
     assert spins > 10
+
+
+# -- the deadline as given, and a patched loop.time ------------------------------------
+
+
+def test_call_at_keeps_an_int_deadline(loop):
+    """asyncio keeps call_at's deadline object: an int stays an int (aiohttp
+    rounds its timeouts up to whole seconds and checks the handle's _when)."""
+    whole = int(loop.time()) + 1000
+    h = loop.call_at(whole, lambda: None)
+    f = loop.call_at(whole + 0.5, lambda: None)
+    g = loop.call_later(10, lambda: None)
+    try:
+        assert type(h.when()) is int and h.when() == whole
+        assert type(h._when) is int and h._when == whole
+        assert type(f.when()) is float and f.when() == whole + 0.5
+        assert type(g.when()) is float
+        assert h < f
+        assert f"when={whole} " in repr(h)
+    finally:
+        for handle in (h, f, g):
+            handle.cancel()
+
+
+def test_patched_time_steers_the_timers(loop):
+    """Timers are due by loop.time() as the loop sees it: patching it on the
+    instance (mock.patch.object(loop, "time"), as aiohttp's tests do) moves
+    call_later's deadlines and fires a call_at once the patched clock
+    reaches it, without waiting for the real one; removing the patch gives
+    the real clock back."""
+    from unittest import mock
+
+    async def main():
+        fired = []
+        now = loop.time()
+        with mock.patch.object(loop, "time") as clock:
+            clock.return_value = now
+            far = loop.call_at(now + 1000, fired.append, "far")
+            later = loop.call_later(500, fired.append, "later")
+            assert later.when() == now + 500
+            await asyncio.sleep(0)
+            assert fired == []
+            clock.return_value = now + 1000
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert fired == ["later", "far"]
+            assert far.cancelled() is False
+        assert "time" not in loop.__dict__
+        # The real clock again: a short sleep takes its real time.
+        t0 = time.monotonic()
+        await asyncio.sleep(0.05)
+        assert time.monotonic() - t0 >= 0.04
+        h = loop.call_later(100, lambda: None)
+        assert abs(h.when() - (loop.time() + 100)) < 1
+        h.cancel()
+
+    # (Not through run(): its guard timer would fire once the clock jumps.)
+    loop.run_until_complete(main())
+
+
+def test_subclass_time_steers_the_timers(loop_factory):
+    """A loop class that defines its own time(): its timers follow it."""
+    base = type(loop_factory())
+
+    class Shifted(base):
+        offset = 0.0
+
+        def time(self):
+            return super().time() + self.offset
+
+    loop = Shifted()
+    try:
+        async def main():
+            fired = []
+            loop.call_later(3600, fired.append, "hour")
+            await asyncio.sleep(0)
+            loop.offset = 3601.0
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            return fired
+
+        assert loop.run_until_complete(main()) == ["hour"]
+    finally:
+        loop.close()

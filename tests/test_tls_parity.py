@@ -119,6 +119,9 @@ def test_handshake_data_and_extra_info(loop, pki, version):
             assert t.get_extra_info("peername") == sock.getpeername()
         assert ct.get_extra_info("sslcontext") is cctx
         assert st.get_extra_info("sslcontext") is sctx
+        # sslproto's SSLProtocol behind the transport, as aiohttp reads it.
+        assert ct._ssl_protocol._sslcontext is cctx
+        assert st._ssl_protocol._sslcontext is sctx
         assert ct.get_extra_info("peername") == ("127.0.0.1", pair.port)
         assert st.get_extra_info("peername") == ct.get_extra_info("sockname")
         cobj, sobj = ct.get_extra_info("ssl_object"), st.get_extra_info("ssl_object")

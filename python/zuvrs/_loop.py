@@ -106,6 +106,21 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         if _CACHE_CALL_SOON and type(self).call_soon is _zuvrs.LoopCore.call_soon:
             # (not when a subclass defines its own call_soon)
             self.__dict__["call_soon"] = _zuvrs.LoopCore.call_soon.__get__(self)
+        if type(self).time is not _zuvrs.LoopCore.time:
+            self._set_python_clock(True)
+
+    # asyncio's loop reads its own time() for its timers, so code that
+    # patches loop.time (tests, mostly: mock.patch.object(loop, "time"))
+    # steers them; the native timers follow a patched time() likewise.
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name == "time":
+            self._set_python_clock(True)
+
+    def __delattr__(self, name):
+        super().__delattr__(name)
+        if name == "time":
+            self._set_python_clock(type(self).time is not _zuvrs.LoopCore.time)
 
     # -- running ---------------------------------------------------------
 

@@ -144,7 +144,8 @@ unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bo
         if t == ffi::Py_None() {
             return Err(PyTypeError::new_err(if relative { "delay must not be None" } else { "when cannot be None" }));
         }
-        let when = if relative { deadline_after(py, t)? } else { absolute_deadline(py, t)? };
+        let (when, when_is_int) =
+            if relative { (deadline_after(py, &obj, shared, t)?, false) } else { absolute_deadline(py, t)? };
         let (closed, debug) = shared.state.with(py, |st| (st.closed, st.debug));
         if closed {
             return Err(crate::errors::closed_error());
@@ -154,7 +155,7 @@ unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bo
         }
         let (state, traceback) = make_state(py, slf, shared, debug, a, 1, context)?;
         let book = shared.state.with(py, |st| st.timers.book().clone());
-        let h = TimerHandle::create(py, when, state, &book)?;
+        let h = TimerHandle::create(py, when, when_is_int, state, &book)?;
         if let Some(tb) = traceback {
             h.get().set_source_traceback(py, tb);
         }
@@ -171,8 +172,13 @@ unsafe fn at(py: Python<'_>, slf: *mut ffi::PyObject, a: &FastArgs, relative: bo
 ///
 /// # Safety
 /// GIL held; `delay` is a live object.
-unsafe fn deadline_after(py: Python<'_>, delay: *mut ffi::PyObject) -> PyResult<f64> {
-    let now = super::monotonic();
+unsafe fn deadline_after(
+    py: Python<'_>,
+    slf: &Bound<'_, PyAny>,
+    shared: &LoopShared,
+    delay: *mut ffi::PyObject,
+) -> PyResult<f64> {
+    let now = super::loop_time(py, slf, shared)?;
     // SAFETY: type checks and conversions of a live object.
     unsafe {
         if ffi::PyFloat_CheckExact(delay) != 0 {
@@ -192,14 +198,16 @@ unsafe fn deadline_after(py: Python<'_>, delay: *mut ffi::PyObject) -> PyResult<
 }
 
 /// The deadline of call_at: any number (asyncio keeps the object; zuvrs
-/// its float value).
+/// its float value, and whether it was an int).
 ///
 /// # Safety
 /// GIL held; `when` is a live object.
-unsafe fn absolute_deadline(py: Python<'_>, when: *mut ffi::PyObject) -> PyResult<f64> {
+unsafe fn absolute_deadline(py: Python<'_>, when: *mut ffi::PyObject) -> PyResult<(f64, bool)> {
     // SAFETY: a borrowed live object.
     let t = unsafe { Bound::from_borrowed_ptr(py, when) };
-    t.extract().map_err(|_| {
+    // SAFETY: a type check of a live object.
+    let is_int = unsafe { ffi::PyLong_Check(when) } != 0;
+    t.extract().map(|w| (w, is_int)).map_err(|_| {
         PyTypeError::new_err(format!(
             "unsupported operand type(s) for +: 'float' and '{}'",
             t.get_type().name().map(|n| n.to_string()).unwrap_or_default()

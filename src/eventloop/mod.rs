@@ -57,6 +57,17 @@ pub(crate) fn monotonic() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
+/// The loop's time as its timers see it: `loop.time()` when that is Python
+/// code (asyncio's loop reads its own `time()`, so tests and libraries that
+/// patch it steer the timers), else the monotonic clock.
+#[inline]
+pub(crate) fn loop_time(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<f64> {
+    if shared.state.with(py, |st| st.python_clock) {
+        return python::call_method(slf, pyo3::intern!(py, "time"), ())?.extract();
+    }
+    Ok(monotonic())
+}
+
 /// Debug mode's slow-callback warning for protocol callbacks that libuv's
 /// I/O callbacks run directly (they have no Handle to time): when the
 /// callback that began at `started` took at least slow_callback_duration,
@@ -100,6 +111,9 @@ pub(crate) struct LoopState {
     closed: bool,
     stopping: bool,
     debug: bool,
+    /// The loop's `time` is Python code (patched on the instance, or a
+    /// subclass's): timers are due by it rather than by the native clock.
+    python_clock: bool,
     thread_id: Option<Py<PyAny>>,
     /// A KeyboardInterrupt or SystemExit raised by Python code that ran
     /// inside a libuv callback: re-raised once `uv_run` returns.
@@ -436,6 +450,7 @@ impl LoopCore {
                 closed: false,
                 stopping: false,
                 debug: false,
+                python_clock: false,
                 thread_id: None,
                 pending_error: None,
                 clients: Clients::default(),
@@ -469,6 +484,12 @@ impl LoopCore {
     /// The loop's clock: `time.monotonic()`.
     fn time(&self) -> f64 {
         monotonic()
+    }
+
+    /// Whether the loop's `time` is Python code (set by Loop when `time` is
+    /// patched or a subclass defines it; see `loop_time`).
+    fn _set_python_clock(&self, py: Python<'_>, on: bool) {
+        self.shared.state.with(py, |st| st.python_clock = on)
     }
 
     /// Stops the loop after the current turn.

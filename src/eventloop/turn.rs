@@ -109,7 +109,9 @@ pub(super) fn run_once(slf: &Bound<'_, LoopCore>) -> PyResult<()> {
 }
 
 /// Arms the uv timer for the earliest live deadline before a blocking poll.
-fn arm_timer(py: Python<'_>, shared: &LoopShared) {
+/// `python_now` is the loop's Python clock's time, when it has one: the
+/// delay is then measured on that clock.
+fn arm_timer(py: Python<'_>, shared: &LoopShared, python_now: Option<f64>) {
     shared.state.with(py, |st| {
         st.timers.prune(py);
         let next = st.timers.next_deadline();
@@ -125,6 +127,21 @@ fn arm_timer(py: Python<'_>, shared: &LoopShared) {
             Some(when) => {
                 // SAFETY: as above.
                 let active = unsafe { sys::uv_is_active(parts.timer.as_handle()) } != 0;
+                if let Some(now) = python_now {
+                    let delay_ms = ((when - now) * 1000.0).ceil();
+                    let delay = if delay_ms.is_nan() || delay_ms <= 0.0 {
+                        0
+                    } else if delay_ms >= (u64::MAX / 2) as f64 {
+                        u64::MAX / 2
+                    } else {
+                        delay_ms as u64
+                    };
+                    // SAFETY: as above.
+                    unsafe { sys::uv_timer_start(parts.timer.raw(), Some(super::on_timer), delay, 0) };
+                    // Armed by another clock: the next arming starts afresh.
+                    parts.armed_for = f64::NAN;
+                    return;
+                }
                 if active && parts.armed_for == when {
                     return;
                 }
@@ -148,14 +165,13 @@ fn arm_timer(py: Python<'_>, shared: &LoopShared) {
 }
 
 /// Moves due timers to the ready queue; `now` is the time just read, if any.
-fn collect_due_timers(py: Python<'_>, shared: &LoopShared, now: Option<f64>) {
+fn collect_due_timers(py: Python<'_>, shared: &LoopShared, now: f64) {
     let released = shared.state.with(py, |st| {
         let mut released = Vec::new();
         if st.timers.len() == 0 {
             return released;
         }
         st.timers.prune(py);
-        let now = now.unwrap_or_else(monotonic);
         while let Some(h) = st.timers.pop_due(py, now) {
             if h.get().is_cancelled(py) {
                 released.push(h);
@@ -212,7 +228,7 @@ fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing:
             let mode = if busy {
                 sys::uv_run_mode_UV_RUN_NOWAIT
             } else {
-                arm_timer(py, shared);
+                arm_timer(py, shared, python_clock_now(py, slf, shared)?);
                 sys::uv_run_mode_UV_RUN_ONCE
             };
             uv_run(py, shared, raw, mode, !busy);
@@ -229,8 +245,22 @@ fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing:
             return Err(err);
         }
     }
-    collect_due_timers(py, shared, polled_at);
+    let now = match python_clock_now(py, slf, shared)? {
+        Some(now) => now,
+        None if shared.state.with(py, |st| st.timers.len() == 0) => 0.0,
+        None => polled_at.unwrap_or_else(monotonic),
+    };
+    collect_due_timers(py, shared, now);
     run_ready(slf, shared)
+}
+
+/// `loop.time()` when the loop's clock is Python code, else None (the
+/// native clock is read where it is needed).
+fn python_clock_now(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<Option<f64>> {
+    if shared.state.with(py, |st| st.python_clock) {
+        return super::loop_time(py, slf, shared).map(Some);
+    }
+    Ok(None)
 }
 
 /// Runs the callbacks queued when the turn began.

@@ -78,7 +78,7 @@ pub(crate) trait HasState {
 }
 
 /// asyncio's repr of a handle: `<Handle cancelled when=... cb(args) created at file:line>`.
-fn repr_of(py: Python<'_>, kind: &str, when: Option<f64>, cell: &NativeCell<HandleState>) -> PyResult<String> {
+fn repr_of(py: Python<'_>, kind: &str, when: Option<Py<PyAny>>, cell: &NativeCell<HandleState>) -> PyResult<String> {
     // Copied out first: formatting the callback runs Python code.
     let (cancelled, traced, callback, traceback) = cell
         .with(py, |c| (c.cancelled, c.traced, c.callback.as_ref().map(Callback::clone_refs), c.source_traceback(py)));
@@ -87,7 +87,7 @@ fn repr_of(py: Python<'_>, kind: &str, when: Option<f64>, cell: &NativeCell<Hand
         parts.push("cancelled".into());
     }
     if let Some(w) = when {
-        parts.push(format!("when={}", pyo3::types::PyFloat::new(py, w).repr()?));
+        parts.push(format!("when={}", w.bind(py).repr()?));
     }
     if let Some(cb) = &callback {
         let helpers = python::format_helpers(py)?;
@@ -224,6 +224,9 @@ unsafe impl Sync for SharedBook {}
 pub struct TimerHandle {
     state: NativeCell<HandleState>,
     when: f64,
+    /// call_at was given an int: when() gives one back (asyncio keeps the
+    /// object it was given; aiohttp's timeouts pass whole seconds).
+    when_is_int: bool,
     /// True while the handle sits in the loop's timer heap.
     scheduled: Cell<bool>,
     book: SharedBook,
@@ -245,6 +248,7 @@ impl TimerHandle {
     pub(crate) fn create<'py>(
         py: Python<'py>,
         when: f64,
+        when_is_int: bool,
         state: HandleState,
         book: &Rc<TimerBook>,
     ) -> PyResult<Bound<'py, TimerHandle>> {
@@ -253,6 +257,7 @@ impl TimerHandle {
             TimerHandle {
                 state: NativeCell::new(state),
                 when,
+                when_is_int,
                 scheduled: Cell::new(true),
                 book: SharedBook(book.clone()),
             },
@@ -262,6 +267,16 @@ impl TimerHandle {
     #[inline]
     pub(crate) fn is_cancelled(&self, py: Python<'_>) -> bool {
         self.state.with(py, |c| c.cancelled)
+    }
+
+    /// The deadline as a float, or as an int when call_at was given one.
+    fn when_object(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        if self.when_is_int {
+            // SAFETY: GIL held; a new reference or null with the error set.
+            return unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyLong_FromDouble(self.when)) }
+                .map(Bound::unbind);
+        }
+        Ok(pyo3::types::PyFloat::new(py, self.when).into_any().unbind())
     }
 
     /// Called by the heap when the handle leaves it.
@@ -298,15 +313,15 @@ impl TimerHandle {
     }
 
     /// The absolute time (in `loop.time()` terms) the callback is due.
-    fn when(&self) -> f64 {
-        self.when
+    fn when(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.when_object(py)
     }
 
     /// asyncio's attribute for `when()`, which code such as aiohttp's
     /// timeout helpers reads.
     #[getter]
-    fn _when(&self) -> f64 {
-        self.when
+    fn _when(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.when_object(py)
     }
 
     /// The context the callback runs in.
@@ -349,7 +364,7 @@ impl TimerHandle {
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        repr_of(py, "TimerHandle", Some(self.when), &self.state)
+        repr_of(py, "TimerHandle", Some(self.when_object(py)?), &self.state)
     }
 }
 

@@ -16,8 +16,8 @@ use pyo3::PyClass;
 
 use crate::cell::NativeCell;
 use crate::errors::is_fatal_base;
-use crate::handles::context::ContextScope;
 use crate::eventloop::{warn_if_slow_io, LoopShared};
+use crate::handles::context::ContextScope;
 use crate::python;
 use crate::uv::{sys, HandleBox};
 

@@ -584,6 +584,11 @@ impl DatagramCore {
         self.state.with(py, |st| st.base.protocol_paused)
     }
 
+    /// Whether pause_reading() is in force (asyncio's transports' `_paused`).
+    fn _reading_paused(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| st.base.paused)
+    }
+
     /// asyncio's `DatagramTransport.sendto`.
     #[pyo3(signature = (data, addr=None))]
     fn sendto(&self, py: Python<'_>, data: &Bound<'_, PyAny>, addr: Option<&Bound<'_, PyAny>>) -> PyResult<()> {

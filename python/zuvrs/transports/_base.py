@@ -101,6 +101,12 @@ class NativeTransport:
     def get_protocol(self):
         return self._core.get_protocol()
 
+    @property
+    def _paused(self):
+        # asyncio's transports' attribute (pause_reading() in force), which
+        # code and tests outside asyncio read.
+        return self._core._reading_paused()
+
     # -- errors and the end ------------------------------------------------------
 
     def _quiet_error(self, exc):

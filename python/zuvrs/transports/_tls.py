@@ -143,6 +143,9 @@ class SSLTransport(transports._FlowControlMixin, transports.Transport):
         self._socket = socket_transport
         self._core = socket_transport._core
         self._sslobj = sslobj
+        # As uvloop's SSL transport has it (and asyncio's SSLProtocol, see
+        # _ssl_protocol); aiohttp reads either.
+        self._sslcontext = sslcontext
         self._extra = {"sslcontext": sslcontext}
         self._waiter = waiter
         self._handshake_timeout = handshake_timeout
@@ -208,7 +211,7 @@ class SSLTransport(transports._FlowControlMixin, transports.Transport):
     def _ssl_protocol(self):
         """What of sslproto's SSLProtocol tests reach: its socket-side flow
         control (``pause_writing()`` / ``resume_writing()``)."""
-        return _SslProtocolFlow(self._core)
+        return _SslProtocolFlow(self._core, self._sslcontext)
 
     def _test__append_write_backlog(self, data):
         # sslproto's: plaintext joins the backlog without being written.
@@ -295,7 +298,7 @@ class SSLTransport(transports._FlowControlMixin, transports.Transport):
         try:
             protocol = self._core.get_protocol()
             if self._core._tls_connection_lost() and protocol is not None:
-                self._loop.call_soon(protocol.connection_lost, exc)
+                self._loop.call_soon(protocol.connection_lost, exc, context=self._core._protocol_context())
         finally:
             self._socket._release_fd(True)
             self._wakeup_waiter(exc)
@@ -325,12 +328,14 @@ class _SslProtocolFlow:
     """sslproto's ``SSLProtocol.pause_writing()`` / ``resume_writing()`` of
     a native TLS connection: while paused, the socket takes no ciphertext,
     which stays in the TLS session (counted by ``get_write_buffer_size()``);
-    resuming hands it to the socket. They assert as sslproto's do."""
+    resuming hands it to the socket. They assert as sslproto's do. And
+    ``_sslcontext``, the connection's context."""
 
-    __slots__ = ("_core",)
+    __slots__ = ("_core", "_sslcontext")
 
-    def __init__(self, core):
+    def __init__(self, core, sslcontext):
         self._core = core
+        self._sslcontext = sslcontext
 
     def pause_writing(self):
         if not self._core._tls_pause_ssl_writing():

@@ -495,6 +495,11 @@ impl StreamCore {
         self.state.with(py, |st| st.base.protocol_paused)
     }
 
+    /// Whether pause_reading() is in force (asyncio's transports' `_paused`).
+    fn _reading_paused(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| st.base.paused)
+    }
+
     fn get_write_buffer_size(&self, py: Python<'_>) -> usize {
         self.buffer_size(py)
     }

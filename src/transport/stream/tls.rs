@@ -895,6 +895,9 @@ impl StreamCore {
             (next, !t.backlog.is_empty() && t.state == TlsState::Wrapped)
         });
         let Some((next, write)) = next else { return Ok(()) };
+        // Run from the loop's turn, outside any libuv callback of this core:
+        // what reaches the application runs in its protocol's context.
+        let _context = self.protocol_context(py);
         let result = self.tls_run(py, next).and_then(|()| if write { self.tls_do_write(py) } else { Ok(()) });
         match result {
             Err(err) if !is_fatal_base(py, &err) => self.tls_fatal_error(py, err, "Fatal error on SSL protocol"),
