@@ -42,6 +42,8 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(net::dns::name_info, m)?)?;
     m.add_function(wrap_pyfunction!(net::tcp::tcp_connect, m)?)?;
     m.add_function(wrap_pyfunction!(net::tcp::tcp_names, m)?)?;
+    m.add_function(wrap_pyfunction!(net::unix_path::path_inode, m)?)?;
+    m.add_function(wrap_pyfunction!(net::unix_path::unlink_path, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("BUILD_PROFILE", if cfg!(debug_assertions) { "debug" } else { "release" })?;
     // The most one read takes, for the Python transports that read themselves.

@@ -299,3 +299,39 @@ def test_unix_server_cleanup_socket_option(loop, loop_name, sock_path, cleanup):
 
     assert run(loop, main(False)) is (not cleanup)
     assert run(loop, main(True)) is True
+
+
+@needs_unix
+def test_unix_server_makes_no_python_os_calls(loop, loop_name, sock_path, monkeypatch):
+    """zuvrs checks and removes the socket file natively, as uvloop does:
+    no os.stat / os.unlink from Python, which blocking-call detectors
+    (blockbuster, in aiohttp's tests) patch and allow only from asyncio's
+    own create_unix_server and _stop_serving."""
+    if loop_name == "asyncio":
+        pytest.skip("asyncio calls os.stat and os.unlink itself (the detectors allow it)")
+    calls = []
+    real_stat, real_unlink, real_remove = os.stat, os.unlink, os.remove
+
+    def spy(name, real):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(sock_path)
+    stale.close()
+
+    async def main():
+        monkeypatch.setattr(os, "stat", spy("stat", real_stat))
+        monkeypatch.setattr(os, "unlink", spy("unlink", real_unlink))
+        monkeypatch.setattr(os, "remove", spy("remove", real_remove))
+        srv = await loop.create_unix_server(asyncio.Protocol, sock_path, cleanup_socket=True)
+        srv.close()
+        await srv.wait_closed()
+        monkeypatch.undo()
+
+    run(loop, main())
+    assert calls == []
+    assert not os.path.exists(sock_path)

@@ -12,7 +12,6 @@ import io
 import operator
 import os
 import socket
-import stat
 import sys
 from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock
 from asyncio.log import logger
@@ -100,10 +99,11 @@ def _require_unix_stream(sock):
 
 
 def _remove_stale_socket(path):
-    """Remove a leftover socket file at `path` before binding to it."""
+    """Remove a leftover socket file at `path` before binding to it (stat
+    and unlink are native: see src/net/unix_path.rs)."""
     try:
-        if stat.S_ISSOCK(os.stat(path).st_mode):
-            os.remove(path)
+        if _zuvrs.path_inode(path)[1]:
+            _zuvrs.unlink_path(path)
     except FileNotFoundError:
         pass
     except OSError as err:
@@ -387,8 +387,8 @@ class NetworkMixin:
         if socket_file is not None:
             path, inode = socket_file
             try:
-                if os.stat(path).st_ino == inode:
-                    os.unlink(path)
+                if _zuvrs.path_inode(path)[0] == inode:
+                    _zuvrs.unlink_path(path)
             except OSError:
                 pass
 
@@ -605,7 +605,7 @@ class NetworkMixin:
             name = sock.getsockname()
             if isinstance(name, (str, bytes)) and name and name[0] not in (0, "\x00"):
                 try:
-                    self._unix_socket_files[sock] = (name, os.stat(name).st_ino)
+                    self._unix_socket_files[sock] = (name, _zuvrs.path_inode(name)[0])
                 except OSError:
                     pass
         sock.setblocking(False)

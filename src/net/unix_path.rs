@@ -1,0 +1,50 @@
+//! The socket file of a Unix server: what asyncio checks with `os.stat`
+//! and removes with `os.unlink` in `create_unix_server` and when the server
+//! stops. The same system calls, made here: blocking-call detectors (such
+//! as blockbuster, which aiohttp's tests use) patch `os.stat` and allow it
+//! only from asyncio's own functions, as a native loop's calls are out of
+//! their sight.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+use crate::errors::os_error;
+
+/// A path as `os.fsencode` gives it: str, bytes or a path-like object.
+fn fs_path(path: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
+    let py = path.py();
+    // SAFETY: GIL held; PyOS_FSPath returns a new reference or null with the error set.
+    let fspath = unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyOS_FSPath(path.as_ptr()))? };
+    let encoded = match fspath.cast::<PyString>() {
+        // SAFETY: as above, for the filesystem encoding of a str.
+        Ok(s) => unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyUnicode_EncodeFSDefault(s.as_ptr()))? },
+        Err(_) => fspath,
+    };
+    let bytes = encoded.cast::<PyBytes>()?;
+    Ok(PathBuf::from(OsStr::from_bytes(bytes.as_bytes())))
+}
+
+fn io_error(err: std::io::Error) -> PyErr {
+    os_error(err.raw_os_error().unwrap_or(libc::EIO))
+}
+
+/// `stat(path)`'s inode and whether the file is a socket; OSError (with the
+/// errno: FileNotFoundError, PermissionError, ...) if it cannot be had.
+#[pyfunction]
+pub(crate) fn path_inode(py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<(u64, bool)> {
+    let path = fs_path(path)?;
+    let meta = py.detach(|| std::fs::metadata(&path)).map_err(io_error)?;
+    Ok((meta.ino(), meta.file_type().is_socket()))
+}
+
+/// `unlink(path)`; OSError with the errno on failure.
+#[pyfunction]
+pub(crate) fn unlink_path(py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<()> {
+    let path = fs_path(path)?;
+    py.detach(|| std::fs::remove_file(&path)).map_err(io_error)
+}
