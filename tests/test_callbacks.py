@@ -165,6 +165,29 @@ def _require_get_context(handle, loop_name):
     assert PY312 or loop_name == "zuvrs" or hasattr(handle, "get_context")
 
 
+def test_handles_take_weak_references(loop):
+    # asyncio's Handle and TimerHandle take weak references; a weakref's
+    # callback runs when the last reference goes, and a handle freed and
+    # made again starts with none.
+    import gc
+    import weakref
+
+    died = []
+    for make in (lambda: loop.call_soon(lambda: None),
+                 lambda: loop.call_later(60, lambda: None)):
+        for _ in range(3):
+            handle = make()
+            ref = weakref.ref(handle, lambda r: died.append(r))
+            assert ref() is handle
+            assert weakref.getweakrefcount(handle) == 1
+            handle.cancel()
+            run_once(loop)
+            del handle
+            gc.collect()
+            assert ref() is None
+    assert len(died) == 6
+
+
 def test_handle_get_context_default_is_a_copy(loop, loop_name):
     var = contextvars.ContextVar("var", default="default")
     token = var.set("at-schedule")

@@ -141,8 +141,8 @@ unsafe extern "C" fn dealloc_timer_handle(obj: *mut ffi::PyObject) {
 }
 
 /// A callback scheduled with `call_soon`, or a reader/writer/signal callback.
-/// Made through `HANDLE_POOL`.
-#[pyclass(module = "zuvrs", name = "Handle", frozen)]
+/// Made through `HANDLE_POOL`. Weak references work, as to asyncio's.
+#[pyclass(module = "zuvrs", name = "Handle", frozen, weakref)]
 pub struct Handle {
     state: NativeCell<HandleState>,
 }
@@ -220,7 +220,7 @@ unsafe impl Sync for SharedBook {}
 
 /// A callback scheduled with `call_later` / `call_at`.
 /// Made through `TIMER_HANDLE_POOL`.
-#[pyclass(module = "zuvrs", name = "TimerHandle", frozen)]
+#[pyclass(module = "zuvrs", name = "TimerHandle", frozen, weakref)]
 pub struct TimerHandle {
     state: NativeCell<HandleState>,
     when: f64,

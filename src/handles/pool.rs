@@ -39,6 +39,9 @@ pub(super) struct HandlePool {
     /// `PyObject_GC_New` (see `alloc_fresh`): set with `offset` when CPython
     /// is seen to put exactly a `PyGC_Head` before a GC object.
     own_alloc: Cell<bool>,
+    /// Where the object's weak reference list is (the class takes weak
+    /// references, as asyncio's handles do), or 0 for none.
+    weaklist: Cell<usize>,
     /// At most this many freed objects are kept.
     cap: usize,
 }
@@ -60,6 +63,7 @@ impl HandlePool {
             offset: Cell::new(0),
             dealloc,
             own_alloc: Cell::new(false),
+            weaklist: Cell::new(0),
             cap,
         }
     }
@@ -93,7 +97,17 @@ impl HandlePool {
                     ffi::PyObject_Init(obj, tp);
                     obj
                 }
-                None => self.alloc_fresh(py, tp)?,
+                None => {
+                    let obj = self.alloc_fresh(py, tp)?;
+                    let weaklist = self.weaklist.get();
+                    if weaklist != 0 {
+                        // No weak references yet (a fresh allocation is not
+                        // zeroed). A pooled object's list is already empty:
+                        // `dealloc` cleared it, which leaves it null.
+                        ptr::write((obj as *mut u8).add(weaklist) as *mut *mut ffi::PyObject, ptr::null_mut());
+                    }
+                    obj
+                }
             };
             ptr::write((obj as *mut u8).add(offset) as *mut T, value);
             Ok(Bound::from_owned_ptr(py, obj).cast_into_unchecked())
@@ -143,15 +157,28 @@ impl HandlePool {
     }
 
     /// Records where pyo3 put the value, if the object is nothing but the
-    /// object header and the value (no borrow flag, dict or weakref slot to
-    /// initialise).
+    /// object header, the value and, right after it, the weak reference
+    /// list (no borrow flag or dict to initialise).
     #[cold]
     fn learn_layout<T: PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync>(&self, obj: &Bound<'_, T>) {
         let start = obj.as_ptr() as usize;
         let value = obj.get() as *const T as usize;
-        // SAFETY: reading the size of a live type object.
-        let basic = unsafe { (*ffi::Py_TYPE(obj.as_ptr())).tp_basicsize } as usize;
-        let plain = value > start && value - start + std::mem::size_of::<T>() == basic;
+        // SAFETY: reading the sizes of a live type object.
+        let (basic, weaklist) = unsafe {
+            let tp = ffi::Py_TYPE(obj.as_ptr());
+            ((*tp).tp_basicsize as usize, (*tp).tp_weaklistoffset)
+        };
+        let value_end = value.wrapping_sub(start) + std::mem::size_of::<T>();
+        let weak_slot = std::mem::size_of::<*mut ffi::PyObject>();
+        let (plain, weaklist) = if value <= start {
+            (false, 0)
+        } else if weaklist == 0 {
+            (value_end == basic, 0)
+        } else {
+            let off = weaklist as usize;
+            (weaklist > 0 && off >= value_end && off + weak_slot == basic && value_end + weak_slot >= basic, off)
+        };
+        self.weaklist.set(if plain { weaklist } else { 0 });
         self.offset.set(if plain { value - start } else { usize::MAX });
         // Free-threaded builds keep GC objects in a heap of their own, where
         // the collector finds them; there only PyObject_GC_New will do.
@@ -183,6 +210,12 @@ impl HandlePool {
             // (a handle released while still referenced is tracked again).
             if ffi::PyObject_GC_IsTracked(obj) != 0 {
                 ffi::PyObject_GC_UnTrack(obj.cast());
+            }
+            let weaklist = self.weaklist.get();
+            if weaklist != 0 && !(*((obj as *mut u8).add(weaklist) as *mut *mut ffi::PyObject)).is_null() {
+                // Weak references die (and their callbacks run) first, as
+                // in CPython's own deallocators.
+                ffi::PyObject_ClearWeakRefs(obj);
             }
             let tp = ffi::Py_TYPE(obj);
             ptr::drop_in_place((obj as *mut u8).add(self.offset.get()) as *mut T);
