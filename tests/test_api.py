@@ -170,6 +170,27 @@ def test_run_rejects_non_coroutine(flavor):
         flavor.run(1)
 
 
+def test_zuvrs_run_loop_factory():
+    """zuvrs.run(main, loop_factory=...) as uvloop.run takes it: the
+    factory's loop (a zuvrs.Loop subclass here) runs main; a loop that is
+    not a zuvrs loop is refused with TypeError and main is closed."""
+    import zuvrs
+
+    class Mine(zuvrs.Loop):
+        pass
+
+    async def main():
+        return asyncio.get_running_loop()
+
+    lp = zuvrs.run(main(), loop_factory=Mine)
+    assert type(lp) is Mine and lp.is_closed()
+
+    coro = main()
+    with pytest.raises(TypeError, match="non-zuvrs event loop"):
+        zuvrs.run(coro, loop_factory=asyncio.SelectorEventLoop)
+    assert coro.cr_frame is None  # closed
+
+
 def test_run_twice_sequentially(flavor):
     async def main(i):
         await asyncio.sleep(0)

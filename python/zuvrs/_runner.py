@@ -6,19 +6,37 @@ import sys
 __all__ = ("run",)
 
 
-def run(main, *, debug=None):
+def run(main, *, loop_factory=None, debug=None):
     """Run coroutine ``main`` on a new zuvrs loop and return its result,
     with the semantics of asyncio.run() (Ctrl-C cancels the main task,
     async generators and the default executor are shut down, the loop is
-    closed)."""
-    from . import new_event_loop
+    closed).
+
+    ``loop_factory`` makes the loop instead of ``zuvrs.new_event_loop`` (a
+    subclass of zuvrs.Loop, say), as with ``uvloop.run``; a loop that is not
+    a zuvrs loop is refused with TypeError, as uvloop refuses one that is
+    not its own.
+    """
+    from . import Loop, new_event_loop
 
     if asyncio.events._get_running_loop() is not None:
         raise RuntimeError("zuvrs.run() cannot be called from a running event loop")
+    if loop_factory is None:
+        loop_factory = new_event_loop
+    elif asyncio.iscoroutine(main):
+        main = _checked(main, Loop)
     if sys.version_info >= (3, 11):
-        with asyncio.Runner(debug=debug, loop_factory=new_event_loop) as runner:
+        with asyncio.Runner(debug=debug, loop_factory=loop_factory) as runner:
             return runner.run(main)
-    return _run_310(main, debug, new_event_loop)
+    return _run_310(main, debug, loop_factory)
+
+
+async def _checked(main, loop_class):
+    """``main`` awaited once the loop is known to be a zuvrs loop."""
+    if not isinstance(asyncio.get_running_loop(), loop_class):
+        main.close()
+        raise TypeError("zuvrs.run() uses a non-zuvrs event loop")
+    return await main
 
 
 def _run_310(main, debug, new_event_loop):
