@@ -381,6 +381,40 @@ def test_sigint_from_another_thread_while_blocked(loop, signal_state):
     assert late == [False]
 
 
+class _HandlerError(Exception):
+    pass
+
+
+def test_exception_from_python_signal_handler_leaves_run_forever(loop, signal_state):
+    # A Python signal handler runs between callbacks when a signal ends the
+    # loop's wait; what it raises (any exception, not only
+    # KeyboardInterrupt) leaves run_forever rather than going to the
+    # exception handler, and the loop runs again afterwards.
+    reported = []
+    loop.set_exception_handler(lambda lp, ctx: reported.append(ctx))
+
+    def on_usr1(signum, frame):
+        raise _HandlerError("from the handler")
+
+    signal.signal(signal.SIGUSR1, on_usr1)
+    main = threading.main_thread().ident
+    killer = threading.Thread(target=lambda: (time.sleep(0.05), signal.pthread_kill(main, signal.SIGUSR1)))
+    loop.call_soon(killer.start)
+    guard = loop.call_later(TIMEOUT, loop.stop)
+    try:
+        with pytest.raises(_HandlerError, match="from the handler"):
+            loop.run_forever()
+    finally:
+        killer.join()
+    guard.cancel()
+    assert reported == []
+    ran = []
+    loop.call_soon(ran.append, 1)
+    loop.call_soon(loop.stop)
+    loop.run_forever()
+    assert ran == [1]
+
+
 @pytest.mark.skipif(not PY311, reason="asyncio.Runner (3.11+) cancels the main task on Ctrl-C")
 def test_runner_interrupt_just_before_a_blocking_poll(loop_factory, signal_state):
     # CPython's test_runners interrupt tests, made deterministic: the main

@@ -6,22 +6,33 @@
 //! So it is released and retaken once per turn, never per callback, and
 //! libuv callbacks that touch Python objects call [`GilHandoff::reacquire`]
 //! first.
+//!
+//! A signal that ended the wait has its Python handler run right where the
+//! GIL comes back, outside any callback: what the handler raises (Ctrl-C's
+//! KeyboardInterrupt, or any exception) leaves `run_forever`, as it leaves
+//! asyncio's when the handler runs between two callbacks.
 
 use std::cell::Cell;
 use std::ptr;
 
-use pyo3::ffi;
+use pyo3::{ffi, PyErr, Python};
 
 pub(crate) struct GilHandoff {
     /// The loop thread's state while it does not hold the GIL; null otherwise.
     saved: Cell<*mut ffi::PyThreadState>,
     /// Whether the coming poll may block (only then is the GIL released).
     release_before_poll: Cell<bool>,
+    /// What a Python signal handler raised when the GIL came back.
+    signal_error: Cell<Option<PyErr>>,
 }
 
 impl GilHandoff {
     pub(crate) fn new() -> Self {
-        GilHandoff { saved: Cell::new(ptr::null_mut()), release_before_poll: Cell::new(true) }
+        GilHandoff {
+            saved: Cell::new(ptr::null_mut()),
+            release_before_poll: Cell::new(true),
+            signal_error: Cell::new(None),
+        }
     }
 
     pub(crate) fn set_release_before_poll(&self, release: bool) {
@@ -63,6 +74,17 @@ impl GilHandoff {
         if !saved.is_null() {
             // SAFETY: `saved` is this thread's state, saved by release().
             unsafe { ffi::PyEval_RestoreThread(saved) };
+            // SAFETY: the GIL is held again.
+            let py = unsafe { Python::assume_attached() };
+            if let Err(err) = py.check_signals() {
+                let first = self.signal_error.take();
+                self.signal_error.set(first.or(Some(err)));
+            }
         }
+    }
+
+    /// What a signal handler raised when the GIL was last taken back.
+    pub(crate) fn take_signal_error(&self) -> Option<PyErr> {
+        self.signal_error.take()
     }
 }

@@ -193,13 +193,20 @@ fn uv_run(py: Python<'_>, shared: &LoopShared, raw: *mut sys::uv_loop_t, mode: s
     // yields it through the interpreter's switch interval like any Python
     // code.
     shared.gil.set_release_before_poll(may_block);
-    let _ = py;
     // SAFETY: the loop is open (raw was read from the state this turn) and
     // used on its thread; the GIL is released only in the prepare callback
     // and taken back by the first callback that needs it, or below.
     unsafe {
         sys::uv_run(raw, mode);
         shared.gil.reacquire();
+    }
+    if let Some(err) = shared.gil.take_signal_error() {
+        // Raised by the turn (the poll has returned: no uv_stop needed).
+        shared.state.with(py, |st| {
+            if st.pending_error.is_none() {
+                st.pending_error = Some(err);
+            }
+        });
     }
 }
 
