@@ -168,8 +168,16 @@ impl SockAddr {
     }
 
     /// The host of an IPv4 / IPv6 address as `inet_ntop` prints it, and the
-    /// port. None for other families.
+    /// port. None for other families. (The tests' view; the code prints
+    /// into a stack buffer with `with_ip_text`.)
+    #[cfg(test)]
     pub(crate) fn ip_text(&self) -> Option<(String, u16)> {
+        self.with_ip_text(|host, port| (host.to_owned(), port))
+    }
+
+    /// `f(host, port)` with the host printed by inet_ntop into a buffer on
+    /// the stack (no allocation); None for a family without an IP address.
+    fn with_ip_text<R>(&self, f: impl FnOnce(&str, u16) -> R) -> Option<R> {
         let (src, port) = match self.family() {
             libc::AF_INET => {
                 let sin = self.view::<libc::sockaddr_in>();
@@ -189,8 +197,9 @@ impl SockAddr {
             return None;
         }
         // SAFETY: inet_ntop wrote a NUL-terminated string.
-        let host = unsafe { CStr::from_ptr(text.as_ptr()) }.to_string_lossy().into_owned();
-        Some((host, port))
+        let host = unsafe { CStr::from_ptr(text.as_ptr()) };
+        // inet_ntop prints ASCII only.
+        Some(f(host.to_str().unwrap_or_default(), port))
     }
 
     /// The address as the socket module gives it (`socket.recvfrom`,
@@ -204,21 +213,32 @@ impl SockAddr {
         }
         match self.family() {
             libc::AF_INET | libc::AF_INET6 => {
-                let Some((host, port)) = self.ip_text() else { return Err(os_error(last_errno())) };
-                let host = PyString::new(py, &host).into_any();
-                let port = port.into_pyobject(py)?.into_any();
-                let t = if self.family() == libc::AF_INET {
-                    PyTuple::new(py, [host, port])?
-                } else {
-                    let sin6 = self.view::<libc::sockaddr_in6>();
-                    let flowinfo = u32::from_be(sin6.sin6_flowinfo).into_pyobject(py)?.into_any();
-                    let scope_id = sin6.sin6_scope_id.into_pyobject(py)?.into_any();
-                    PyTuple::new(py, [host, port, flowinfo, scope_id])?
+                let Some(host) = self.with_ip_text(|host, _| PyString::new(py, host)) else {
+                    return Err(os_error(last_errno()));
                 };
-                Ok(t.into_any().unbind())
+                Ok(self.ip_python_form(py, host.into_any())?.into_any().unbind())
             }
             libc::AF_UNIX => self.unix_to_python(py),
             _ => Ok(py.None()),
+        }
+    }
+
+    /// An IP address as the socket module gives it, with `host` (the
+    /// address's text, already a Python object) for its host.
+    pub(crate) fn ip_python_form<'py>(
+        &self,
+        py: Python<'py>,
+        host: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        if self.family() == libc::AF_INET {
+            let port = u16::from_be(self.view::<libc::sockaddr_in>().sin_port).into_pyobject(py)?.into_any();
+            PyTuple::new(py, [host, port])
+        } else {
+            let sin6 = self.view::<libc::sockaddr_in6>();
+            let port = u16::from_be(sin6.sin6_port).into_pyobject(py)?.into_any();
+            let flowinfo = u32::from_be(sin6.sin6_flowinfo).into_pyobject(py)?.into_any();
+            let scope_id = sin6.sin6_scope_id.into_pyobject(py)?.into_any();
+            PyTuple::new(py, [host, port, flowinfo, scope_id])
         }
     }
 
@@ -306,12 +326,12 @@ fn small_int(obj: &Bound<'_, PyAny>, lo: i64, hi: i64) -> Option<i64> {
     (lo..=hi).contains(&v).then_some(v)
 }
 
-/// The family of `host` if it is an IP literal written the way `inet_ntop`
-/// prints it (the form getaddrinfo reports back for a numeric host).
-pub(crate) fn canonical_ip(host: &str) -> Option<i32> {
-    let a = SockAddr::ip(host, 0, 0, 0, 0)?;
-    let (text, _) = a.ip_text()?;
-    (text == host).then_some(a.family())
+/// `host` and `port` as an address, if `host` is an IP literal written the
+/// way `inet_ntop` prints it (the form getaddrinfo reports back for a
+/// numeric host).
+pub(crate) fn canonical_ip(host: &str, port: u16) -> Option<SockAddr> {
+    let a = SockAddr::ip(host, 0, port, 0, 0)?;
+    a.with_ip_text(|text, _| text == host)?.then_some(a)
 }
 
 #[cfg(test)]
@@ -339,11 +359,13 @@ mod tests {
 
     #[test]
     fn canonical_forms() {
-        assert_eq!(canonical_ip("10.0.0.1"), Some(libc::AF_INET));
-        assert_eq!(canonical_ip("2001:db8::1"), Some(libc::AF_INET6));
-        assert_eq!(canonical_ip("2001:DB8::1"), None, "inet_ntop prints lower case");
-        assert_eq!(canonical_ip("010.0.0.1"), None);
-        assert_eq!(canonical_ip("0:0:0:0:0:0:0:1"), None);
+        let family = |host| canonical_ip(host, 80).map(|a| a.family());
+        assert_eq!(family("10.0.0.1"), Some(libc::AF_INET));
+        assert_eq!(family("2001:db8::1"), Some(libc::AF_INET6));
+        assert_eq!(family("2001:DB8::1"), None, "inet_ntop prints lower case");
+        assert_eq!(family("010.0.0.1"), None);
+        assert_eq!(family("0:0:0:0:0:0:0:1"), None);
+        assert_eq!(canonical_ip("::1", 8080).and_then(|a| a.ip_text()), Some(("::1".to_string(), 8080)));
     }
 
     #[test]

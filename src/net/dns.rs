@@ -80,20 +80,24 @@ pub(crate) fn numeric_addrinfo<'py>(
         return Ok(None);
     }
     let text = if let Ok(s) = host.cast::<PyString>() {
-        s.to_str().ok().map(str::to_owned)
+        s.to_str().ok()
     } else if let Ok(b) = host.cast::<PyBytes>() {
-        std::str::from_utf8(b.as_bytes()).ok().map(str::to_owned)
+        std::str::from_utf8(b.as_bytes()).ok()
     } else {
         None
     };
     let Some(text) = text else { return Ok(None) };
-    let Some(af) = addr::canonical_ip(&text) else { return Ok(None) };
     let Some(port) = parse_port(port) else { return Ok(None) };
     let Some(kinds) = socket_kinds(r#type, proto) else { return Ok(None) };
+    let Some(address) = addr::canonical_ip(text, port) else { return Ok(None) };
+    let af = address.family();
     if family != 0 && family != af {
         return Ok(None);
     }
-    let sockaddr = SockAddr::ip(&text, af, port, 0, 0).expect("parsed above").python_form(py)?.into_bound(py);
+    // The literal is already the text getaddrinfo would report.
+    let host_text =
+        if host.is_exact_instance_of::<PyString>() { host.clone() } else { PyString::new(py, text).into_any() };
+    let sockaddr = address.ip_python_form(py, host_text)?.into_any();
     let family_obj = python::address_family(py, af)?.into_bound(py);
     let empty = PyString::new(py, "");
     let items = kinds
