@@ -276,6 +276,28 @@ def test_bulk_100mib_both_directions(loop):
 # -- transport API -------------------------------------------------------------------
 
 
+def test_extra_info_socket_taken_before_and_after_close(loop):
+    # The socket extra taken while open works on the connection's fd; once
+    # the transport has closed, the same object (and one taken only then)
+    # shows a closed socket of the same kind, as asyncio's do, and the fd is
+    # not closed twice.
+    async def main():
+        pair = await TcpPair.open()
+        ct, st = pair.client.transport, pair.server.transport
+        early = ct.get_extra_info("socket")
+        assert early.getpeername() == ct.get_extra_info("peername")
+        assert early.fileno() >= 0
+        await pair.aclose()
+        late = st.get_extra_info("socket")
+        for sock in (early, late):
+            assert isinstance(sock, trsock.TransportSocket)
+            assert sock.family == socket.AF_INET
+            assert sock.fileno() == -1
+        assert ct.get_extra_info("socket") is early
+
+    run(loop, main())
+
+
 def test_transport_types_and_extra_info(loop):
     async def main():
         pair = await TcpPair.open()

@@ -24,7 +24,6 @@ from . import _zuvrs
 from ._all_errors import AllErrorsMixin
 from ._network import NetworkMixin
 from ._process import ChildReaper
-from .transports import NativeTransport
 
 __all__ = ("Loop",)
 
@@ -95,9 +94,13 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         # the wakeup fd: the program's own wakeup fd (None if there was none).
         self._wakeup_forward = None
         # fd -> open socket transport, as asyncio keeps it (add_reader and
-        # friends refuse a transport's fd; asyncio's own transports, which
-        # zuvrs uses for what a native core cannot serve, register here).
+        # friends refuse a transport's fd). asyncio's own transports, which
+        # zuvrs uses for what a native core cannot serve, register in
+        # _transports, which must be weak (they never remove themselves);
+        # native transports remove themselves when they let go of their
+        # fd, from a plain dict (a weak one costs about 1.5 us a connection).
         self._transports = weakref.WeakValueDictionary()
+        self._native_transports = {}
         # fd -> the object add_reader / add_writer was given for it (not an int).
         self._watched_objects = {}
         # Listening Unix socket -> (path, inode), removed when the server closes.
@@ -166,9 +169,8 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         self._child_reaper.close()
         # Native transports still open lose their fd with the loop (libuv
         # closes it); asyncio's own transports are left as asyncio leaves them.
-        for transport in list(self._transports.values()):
-            if isinstance(transport, NativeTransport):
-                transport._release_fd()
+        for transport in list(self._native_transports.values()):
+            transport._release_fd()
         self._free_core()
         self._watched_objects.clear()
         if self.__dict__.get("call_soon") == _zuvrs.LoopCore.call_soon.__get__(self):

@@ -250,7 +250,7 @@ class NetworkMixin:
                 fileno = int(fileno.fileno())
             except (AttributeError, TypeError, ValueError):
                 raise ValueError(f"Invalid file object: {fd!r}") from None
-        transport = self._transports.get(fileno)
+        transport = self._native_transports.get(fileno) or self._transports.get(fileno)
         if transport is not None and not transport.is_closing():
             raise RuntimeError(f"File descriptor {fd!r} is used by transport {transport!r}")
 
@@ -484,11 +484,11 @@ class NetworkMixin:
         transp._core._set_sendfile_in_progress(True)
         try:
             await transp._wait_drained()
-            del self._transports[fd]
+            del self._native_transports[fd]
             try:
                 return await self.sock_sendfile(sock, file, offset, count, fallback=False)
             finally:
-                self._transports[fd] = transp
+                self._native_transports[fd] = transp
         finally:
             transp._core._set_sendfile_in_progress(False)
             if resume_reading:

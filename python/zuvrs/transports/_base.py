@@ -81,11 +81,11 @@ class NativeTransport:
         """Schedules, as asyncio does, the protocol's connection_made (if a
         protocol is given), then `then`, the start of reading (unless not
         `read`) and the waiter; `register` puts the transport in the loop's
-        registry of transports by fd (asyncio's ``_transports``: socket
-        transports, not pipes)."""
+        registry of native transports by fd (as asyncio's ``_transports``:
+        socket transports, not pipes)."""
         loop = self._loop
         if register:
-            loop._transports[self._fd] = self
+            loop._native_transports[self._fd] = self
         if protocol is not None:
             # Every protocol callback runs in the context the transport was
             # made in (the core's copy of it), as uvloop runs them.
@@ -150,7 +150,7 @@ class NativeTransport:
         core = self._core
         self._let_go_of_fd(core)
         core._forget_protocol(finished)
-        transports = self._loop._transports
+        transports = self._loop._native_transports
         if transports.get(self._fd) is self:
             del transports[self._fd]
 

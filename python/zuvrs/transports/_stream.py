@@ -37,50 +37,52 @@ def _detach_from(server, transport):
         server._detach()
 
 
-class _Extra(dict):
-    """A stream transport's extra info. Its "socket" is made when first
-    asked for, for a transport opened on a bare fd (asyncio's
-    ``get_extra_info`` reads ``_extra.get``, so that method stays asyncio's
-    own and code that patches it still works). It holds the socket object,
-    and nothing that refers back to the transport."""
+class _TransportSocket(trsock.TransportSocket):
+    """``get_extra_info('socket')``: asyncio's TransportSocket, whose socket
+    object is made when first used for a transport opened on a bare fd (a
+    connection zuvrs accepted or connected natively). The extra info stays
+    a plain dict, read by asyncio's own ``get_extra_info`` (code that
+    patches that method still works), at C speed."""
 
-    __slots__ = ("lazy", "sock")
+    # (fd, family, proto) of the socket still to be made (fd -1: the
+    # transport let go of the fd, make a closed one), or None once made.
+    __slots__ = ("_pending",)
 
-    def __init__(self, *args):
-        super().__init__(*args)
-        # (fd, family, proto) of the socket still to be made (fd -1: the fd
-        # is gone, make a closed one), or None.
-        self.lazy = None
-        self.sock = None
+    @classmethod
+    def of_socket(cls, sock):
+        self = cls.__new__(cls)
+        self._pending = None
+        self._sock = sock
+        return self
 
-    def get(self, name, default=None):
-        if name == "socket" and self.lazy is not None:
-            self.socket()
-        return dict.get(self, name, default)
+    def __getattr__(self, name):
+        # Reached only for attributes the object lacks: `_sock` while the
+        # socket is still to be made.
+        if name != "_sock" or self._pending is None:
+            raise AttributeError(name)
+        fd, family, proto = self._pending
+        self._pending = None
+        if fd < 0:
+            # What asyncio's transport shows once closed: a closed socket
+            # of the same kind.
+            sock = socket.socket(family, socket.SOCK_STREAM, proto)
+            sock.close()
+        else:
+            sock = socket.socket(family, socket.SOCK_STREAM, proto, fd)
+            sock.setblocking(False)
+        self._sock = sock
+        return sock
 
-    def socket(self):
-        """The socket object; None once the transport let go of its fd."""
-        if self.lazy is not None:
-            fd, family, proto = self.lazy
-            self.lazy = None
-            if fd < 0:
-                # What asyncio's transport shows once closed: a closed
-                # socket of the same kind.
-                sock = socket.socket(family, socket.SOCK_STREAM, proto)
-                sock.close()
-            else:
-                sock = self.sock = socket.socket(family, socket.SOCK_STREAM, proto, fd)
-                sock.setblocking(False)
-            self["socket"] = trsock.TransportSocket(sock)
-        return self.sock
-
-    def detach(self):
+    def _let_go(self):
         """libuv closes the fd: keep the socket object from closing it too."""
-        if self.lazy is not None:
-            self.lazy = (-1,) + self.lazy[1:]
-        sock, self.sock = self.sock, None
-        if sock is not None:
-            sock.detach()
+        pending = self._pending
+        if pending is not None:
+            self._pending = (-1,) + pending[1:]
+        else:
+            self._sock.detach()
+
+
+_new_tsock = _TransportSocket.__new__
 
 
 class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControlMixin):
@@ -102,9 +104,8 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         self._connect(self._core, protocol, waiter, server)
 
     def _open_socket(self, loop, sock, extra):
-        self._extra = _Extra(extra or {})
-        self._extra.sock = sock
-        self._extra["socket"] = trsock.TransportSocket(sock)
+        self._extra = dict(extra or ())
+        self._tsock = self._extra["socket"] = _TransportSocket.of_socket(sock)
         socket_extra(self._extra, sock)
         self._loop = loop
         self._fd = self._sock_fd = sock.fileno()
@@ -137,16 +138,28 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         made when asked for."""
         self = cls.__new__(cls)
         try:
-            self._extra = extra = _Extra()
             self._loop = loop
             self._fd = self._sock_fd = fd
-            extra.lazy = (fd, family, proto)
-            extra["sockname"], extra["peername"] = _tcp_names(fd, peername)
+            # (_TransportSocket's constructor for a bare fd, inline: this
+            # runs once per connection.)
+            self._tsock = tsock = _new_tsock(_TransportSocket)
+            tsock._pending = (fd, family, proto)
+            sockname, peername = _tcp_names(fd, peername)
+            self._extra = {"socket": tsock, "sockname": sockname, "peername": peername}
             core = _open_core(loop, fd, self, False)
         except BaseException:
             os.close(fd)
             raise
-        self._connect(core, protocol, waiter, server)
+        # _connect's steps, without the check for a socket with no peer (a
+        # socket zuvrs accepted or connected has one): this runs once per
+        # connection of every TCP server and client.
+        self._server = server
+        self._core = core
+        core.set_protocol(protocol, isinstance(protocol, _BufferedProtocol))
+        self._protocol_connected = True
+        if server is not None:
+            _attach_to(server, self)
+        self._start(protocol, waiter)
         return self
 
     def _connect(self, core, protocol, waiter, server):
@@ -165,7 +178,7 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         the socket's hang-up as an end of file instead. None otherwise."""
         if self._extra.get("peername") is not None:
             return None
-        sock = self._extra.sock
+        sock = self._tsock._sock
         try:
             sock.recv(1, socket.MSG_PEEK)
         except (BlockingIOError, InterruptedError):
@@ -178,7 +191,7 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
     def _socket(self):
         """The socket object (made now if this transport was opened on a
         bare fd); None once the transport has released its fd."""
-        return self._extra.socket()
+        return None if self._released else self._tsock._sock
 
     def can_write_eof(self):
         return True
@@ -202,13 +215,16 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         return "<{}>".format(" ".join(info))
 
     def _call_connection_lost(self, exc):
-        if self._protocol_connected:
-            NativeTransport._call_connection_lost(self, exc)
-        else:
+        try:
+            if self._protocol_connected:
+                protocol = self._core.get_protocol()
+                if protocol is not None:
+                    protocol.connection_lost(exc)
+        finally:
             self._release_fd(True)
 
     def _let_go_of_fd(self, core):
-        self._extra.detach()
+        self._tsock._let_go()
         core._close_handle()
         server, self._server = self._server, None
         if server is not None:
