@@ -89,7 +89,8 @@ def listening_socket(host="127.0.0.1"):
 
 
 def require_binary(name):
-    path = shutil.which(name)
+    # Debian installs servers (nginx) in sbin, which a user's PATH may lack.
+    path = shutil.which(name) or shutil.which(name, path="/usr/local/sbin:/usr/sbin:/sbin")
     if path is None:
         pytest.skip(f"{name} is not installed")
     return path

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what building and testing zuvrs needs on a fresh Debian machine
 # with Python 3 and Rust: libclang (bindgen in libuv-sys2), openssl (TLS test
-# certificates fall back to its CLI), wrk (the HTTP benchmarks' load
-# generator, http and https), and a virtualenv in .venv with maturin,
+# certificates fall back to its CLI; s_server and s_client are TLS peers in
+# tests/test_tls_peers.py), nginx-light (the real TLS server and client of
+# the same tests), wrk (the HTTP benchmarks' load generator, http and
+# https), and a virtualenv in .venv with maturin,
 # pytest, pytest-codspeed, the loops we compare with, the applications the
 # tests serve (uvicorn, aiohttp) with their clients, the servers and test
 # plugins the integrations are tested with (gunicorn and its uvicorn worker,
@@ -11,12 +13,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! dpkg -s libclang-dev >/dev/null 2>&1 || ! command -v wrk >/dev/null 2>&1; then
-    echo "== installing libclang-dev wrk"
+if ! dpkg -s libclang-dev >/dev/null 2>&1 || ! command -v wrk >/dev/null 2>&1 \
+    || ! command -v openssl >/dev/null 2>&1 || ! command -v nginx >/dev/null 2>&1; then
+    echo "== installing libclang-dev wrk openssl nginx-light"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libclang-dev wrk >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libclang-dev wrk openssl nginx-light >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Sets up, runs the style and static checks (tools/lint.sh), builds and runs
 # the whole test suite (tests/ and the benchmark bodies in benchmarks/ as
-# plain tests) on a release build, then again on a debug build (Rust debug
-# assertions on, and NativeCell's checks of every native state access).
+# plain tests) on a release build, with the CI selection of the upstream
+# suites (CPython's, uvloop's, AnyIO's and aiohttp's own tests on zuvrs,
+# checked against tests/upstream/ratchet.json), then the whole suite again
+# on a debug build (Rust debug assertions on, and NativeCell's checks of
+# every native state access).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
@@ -11,4 +14,8 @@ for profile in release debug; do
     tools/build.sh "$profile"
     echo "== tests ($profile build)"
     .venv/bin/python -m pytest -q -p no:cacheprovider tests benchmarks
+    if [ "$profile" = release ]; then
+        echo "== upstream suites, CI selection (release build)"
+        tools/upstream.sh --ci
+    fi
 done
