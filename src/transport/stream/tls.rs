@@ -310,33 +310,35 @@ impl StreamCore {
     }
 
     /// Decrypts everything available and hands it to `data_received` in
-    /// one call; true if the peer's close_notify arrived. A single read (the
-    /// usual case) is delivered from the read buffer; more are joined.
+    /// one call; true if the peer's close_notify arrived. Records are
+    /// decrypted one after another into the read buffer, so a socket read's
+    /// worth (the usual case) reaches the protocol with one copy, or none
+    /// when it fills the buffer; more than a buffer's worth is joined.
     fn tls_read_copied(&self, py: Python<'_>) -> PyResult<bool> {
         let mut joined: Vec<u8> = Vec::new();
-        // Bytes of the latest read, still in the read buffer.
-        let mut last = 0usize;
+        // Decrypted bytes at the start of the read buffer.
+        let mut filled = 0usize;
         let mut closed = false;
         let mut failed = None;
         loop {
-            if last > 0 {
-                readbuf::filled(last, |d| joined.extend_from_slice(d));
-                last = 0;
+            if filled == READ_SIZE {
+                readbuf::filled(filled, |d| joined.extend_from_slice(d));
+                filled = 0;
             }
             let Some(mem) = readbuf::memory(py) else {
                 failed = Some(pyo3::exceptions::PyMemoryError::new_err(()));
                 break;
             };
             // SAFETY: the read buffer is READ_SIZE bytes, ours until its
-            // contents are handed to the protocol.
-            let buf = unsafe { std::slice::from_raw_parts_mut(mem, READ_SIZE) };
+            // contents are handed to the protocol; `filled` < READ_SIZE.
+            let buf = unsafe { std::slice::from_raw_parts_mut(mem.add(filled), READ_SIZE - filled) };
             let got = self.with_tls(py, |t| {
                 let got = t.session.read_into(py, buf);
                 (got, t.session.has_pending(py))
             });
             match got {
                 Some((Ok(Decrypted::Data(n)), more)) if n > 0 => {
-                    last = n;
+                    filled += n;
                     if !more {
                         break;
                     }
@@ -353,15 +355,15 @@ impl StreamCore {
             }
         }
         // What was decrypted before an error still reaches the application.
-        self.tls_deliver(py, last, joined)?;
+        self.tls_deliver(py, filled, joined)?;
         match failed {
             Some(err) => Err(err),
             None => Ok(closed),
         }
     }
 
-    /// `data_received` with what was read: the last read still in the read
-    /// buffer (`last` bytes) after those `joined` before it.
+    /// `data_received` with what was read: the `last` bytes at the start of
+    /// the read buffer, after those `joined` before them.
     fn tls_deliver(&self, py: Python<'_>, last: usize, mut joined: Vec<u8>) -> PyResult<()> {
         if last == 0 && joined.is_empty() {
             return Ok(());
