@@ -8,8 +8,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::ossl;
 use super::session::{Decrypted, Handshake, Opened, Shutdown, TlsSession, Write};
+use super::{ossl, verdict};
 
 #[pyclass(module = "zuvrs._zuvrs", name = "_TlsEngine")]
 pub struct TlsEngine {
@@ -45,7 +45,7 @@ impl TlsEngine {
     /// names of the OpenSSL functions resolved through `_ssl`).
     #[staticmethod]
     fn verdict(py: Python<'_>) -> (bool, String, bool, Vec<&'static str>) {
-        let v = ossl::verdict(py);
+        let v = verdict::verdict(py);
         (v.fns.is_some(), v.reason.clone(), v.bio_seek, ossl::FUNCTION_NAMES.to_vec())
     }
 

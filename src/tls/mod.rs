@@ -11,9 +11,10 @@
 //! interpreter, an SSLObject subclass overriding what is driven here), the
 //! caller falls back to asyncio's sslproto.
 //!
-//! - `ossl`: the OpenSSL functions, resolved through `_ssl` itself, and the
-//!   once-per-process proof that they are `_ssl`'s (`verdict`).
+//! - `ossl`: the OpenSSL functions, resolved through `_ssl` itself.
 //! - `layout`: CPython's `_ssl` structs, and reading the pointers from them.
+//! - `verdict`: the once-per-process proof that the functions are `_ssl`'s
+//!   and the layouts hold.
 //! - `errors`: the stdlib's exceptions, built natively the way `_ssl` does.
 //! - `session`: `TlsSession`, one connection.
 //! - `engine`: `_zuvrs._TlsEngine`, the session's face for tests.
@@ -23,6 +24,7 @@ mod errors;
 mod layout;
 mod ossl;
 mod session;
+mod verdict;
 
 pub(crate) use engine::TlsEngine;
 #[allow(unused_imports)]

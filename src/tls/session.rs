@@ -25,6 +25,7 @@ use pyo3::prelude::*;
 use super::errors::{self, Failure, Op};
 use super::layout::{self, PySSLMemoryBIO, PySSLSocket};
 use super::ossl::{self, Fns, BIO, SSL};
+use super::verdict;
 
 /// The most plaintext one TLS record carries: the unit of write coalescing.
 pub(crate) const MAX_RECORD: usize = 16 * 1024;
@@ -114,7 +115,7 @@ impl TlsSession {
         incoming: &Bound<'_, PyAny>,
         outgoing: &Bound<'_, PyAny>,
     ) -> PyResult<Opened> {
-        let verdict = ossl::verdict(py);
+        let verdict = verdict::verdict(py);
         let Some(fns) = verdict.fns.as_ref() else {
             return Ok(Opened::NotNative(verdict.reason.clone()));
         };

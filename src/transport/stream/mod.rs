@@ -2,8 +2,9 @@
 //! and the pipe transports of `connect_read_pipe` / `connect_write_pipe`):
 //! `StreamCore`.
 //!
-//! - reader.rs: where reads go (`Reader`: plain or buffered protocol) and
-//!   what EOF and errors do
+//! - here: `StreamCore` and its state, whose `Reader` says where reads go
+//!   (a plain or buffered protocol, or TLS)
+//! - reader.rs: the plain and buffered read paths, and what EOF and errors do
 //! - writer.rs: the write queue, batched per loop turn, and flow control
 //! - tls.rs: the TLS reader (records done natively; asyncio's sslproto
 //!   semantics) and its writes
@@ -25,8 +26,8 @@ use crate::errors::{is_fatal_base, uv_error};
 use crate::eventloop::{ClientPtr, LoopClient, LoopCore, LoopShared};
 use crate::python;
 use crate::transport::base::{self, CoreBox, HasBase, Transport, TransportBase};
+use crate::transport::buffer::BufferView;
 use crate::uv::{sys, UvHandle};
-use reader::Reader;
 use writer::WriteQueue;
 
 /// The libuv stream behind a transport: TCP, or a pipe for Unix sockets.
@@ -49,6 +50,40 @@ enum StreamKind {
     /// then closes, whatever eof_received returns; writes after close() are
     /// dropped; errors speak of a "pipe transport".
     Pipe,
+}
+
+/// Where a stream's reads go.
+enum Reader {
+    /// `protocol.data_received(bytes)`, from the loop's read buffer.
+    Plain,
+    /// An asyncio.BufferedProtocol: libuv reads into the buffer lent by
+    /// `get_buffer()` (`view`, while a read is pending), then
+    /// `buffer_updated(n)`; `error` is why no read could be made, with the
+    /// message asyncio reports it under.
+    Buffered { view: Option<BufferView>, error: Option<(PyErr, &'static str)> },
+    /// A TLS connection (tls.rs): the socket's reads feed the session, and
+    /// the application protocol (plain or buffered) gets what it decrypts.
+    Tls(Box<tls::Tls>),
+}
+
+impl Reader {
+    fn for_protocol(buffered: bool) -> Reader {
+        if buffered {
+            Reader::Buffered { view: None, error: None }
+        } else {
+            Reader::Plain
+        }
+    }
+
+    /// Over this many queued bytes, writes try the socket at once: the
+    /// transport's high water mark, or for TLS the socket's own mark (the
+    /// TLS marks are the application's).
+    fn socket_high_water(&self, base: &TransportBase) -> usize {
+        match self {
+            Reader::Tls(_) => tls::SOCKET_HIGH_WATER,
+            _ => base.high_water,
+        }
+    }
 }
 
 pub(crate) struct StreamState {

@@ -1,17 +1,17 @@
 //! The read side of a stream transport: where reads go, and what each
 //! outcome of a read (data, EOF, error) does.
 //!
-//! A transport's `Reader` is one of: a plain protocol, whose reads land in
-//! the loop's read buffer (readbuf.rs) and reach `data_received` from inside
-//! libuv's read callback; or a BufferedProtocol, whose reads go straight into
-//! the buffer its `get_buffer()` lends.
+//! A transport's `Reader` (mod.rs) is one of: a plain protocol, whose reads
+//! land in the loop's read buffer (readbuf.rs) and reach `data_received` from
+//! inside libuv's read callback; a BufferedProtocol, whose reads go straight
+//! into the buffer its `get_buffer()` lends; or TLS (tls.rs).
 
 use std::ptr;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use super::{StreamCore, StreamKind};
+use super::{Reader, StreamCore, StreamKind};
 use crate::errors::{is_fatal_base, uv_error};
 use crate::eventloop::ClientPtr;
 use crate::python;
@@ -19,30 +19,6 @@ use crate::transport::base::Transport;
 use crate::transport::buffer::BufferView;
 use crate::transport::readbuf::{self, READ_SIZE};
 use crate::uv::{self, sys};
-
-/// Where a stream's reads go.
-pub(super) enum Reader {
-    /// `protocol.data_received(bytes)`, from the loop's read buffer.
-    Plain,
-    /// An asyncio.BufferedProtocol: libuv reads into the buffer lent by
-    /// `get_buffer()` (`view`, while a read is pending), then
-    /// `buffer_updated(n)`; `error` is why no read could be made, with the
-    /// message asyncio reports it under.
-    Buffered { view: Option<BufferView>, error: Option<(PyErr, &'static str)> },
-    /// A TLS connection (tls.rs): the socket's reads feed the session, and
-    /// the application protocol (plain or buffered) gets what it decrypts.
-    Tls(Box<super::tls::Tls>),
-}
-
-impl Reader {
-    pub(super) fn for_protocol(buffered: bool) -> Reader {
-        if buffered {
-            Reader::Buffered { view: None, error: None }
-        } else {
-            Reader::Plain
-        }
-    }
-}
 
 impl StreamCore {
     pub(super) fn start_read(&self, py: Python<'_>) -> Result<(), i32> {

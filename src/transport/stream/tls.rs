@@ -32,8 +32,8 @@ use pyo3::exceptions::{PyConnectionResetError, PyNotImplementedError, PyTypeErro
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
 
-use super::reader::Reader;
 use super::writer::{to_chunk, Chunk};
+use super::Reader;
 use super::StreamCore;
 use crate::errors::is_fatal_base;
 use crate::eventloop::ClientPtr;

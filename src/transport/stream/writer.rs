@@ -19,7 +19,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
 use smallvec::SmallVec;
 
-use super::reader::Reader;
 use super::{StreamCore, StreamKind};
 use crate::errors::uv_error;
 use crate::eventloop::ClientPtr;
@@ -269,11 +268,7 @@ impl StreamCore {
     pub(super) fn enqueue_raw(&self, py: Python<'_>, chunk: Chunk, len: usize) -> PyResult<()> {
         let running = self.shared().is_running(py);
         let (flush_now, ask, me) = self.state.with(py, |st| {
-            // A TLS socket's own mark (the TLS marks are the application's).
-            let high = match st.reader {
-                Reader::Tls(_) => super::tls::SOCKET_HIGH_WATER,
-                _ => st.base.high_water,
-            };
+            let high = st.reader.socket_high_water(&st.base);
             let w = &mut st.writes;
             w.queue.push_back(chunk);
             w.queued_bytes += len;
