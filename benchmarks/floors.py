@@ -22,6 +22,20 @@ Floors (each sample is a fresh process, as for the loops):
   default size (64 KiB on Linux).
 * ``pipe_output/socketpair``: the same through a Unix socketpair (what uvloop
   gives a child; the spec asks for real pipes).
+* ``tls_bulk/memory_bios``: the TLS part of ``tls_bulk`` alone, in one
+  thread as the loops run it: a client and a server ``ssl.SSLObject`` (the
+  workload's contexts, TLS 1.3, verified) joined by memory BIOs, the
+  handshake, then the same 512 MiB written in the same 251 KiB chunks and
+  read by the server, then close_notify. No sockets, no loop: encryption
+  and decryption of every byte, which the loop's run adds to the plain
+  transfer.
+* ``tls_bulk/tcp``: the same, with the ciphertext carried over a loopback
+  TCP connection by plain non-blocking ``send`` / ``recv_into`` calls (256
+  KiB reads, as the loops read), still in one thread: crypto plus the
+  kernel's transfer, what any loop must do at least.
+* ``tls_echo/memory_bios``: the TLS part of ``tls_echo_streams``: 20,000
+  round trips of 1 KiB (client writes, server reads and writes back, client
+  reads) between the same two SSLObjects.
 """
 
 from __future__ import annotations
@@ -48,6 +62,8 @@ MARKER = compare.MARKER
 WORKLOADS = {
     "spawn": ("subprocess_spawn", 500, ("posix_spawn", "Popen")),
     "pipe_output": ("subprocess_pipe_output", 256, ("pipe", "pipe_default", "socketpair")),
+    "tls_bulk": ("tls_bulk", 512, ("memory_bios", "tcp")),
+    "tls_echo": ("tls_echo_streams", 20_000, ("memory_bios",)),
 }
 
 
@@ -95,6 +111,138 @@ def floor_pipe_output(variant: str, mib: int) -> float:
     return time.perf_counter() - t0
 
 
+def _tls_pair(contexts: Any) -> Any:
+    """A handshaken client and server SSLObject over memory BIOs, a
+    function that moves what each has written to the other, and the client's
+    outgoing and the server's incoming BIO."""
+    import ssl
+
+    server_ctx, client_ctx = contexts
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    client = client_ctx.wrap_bio(c_in, c_out, server_hostname=workloads.TLS_HOSTNAME)
+    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
+
+    def shuttle() -> None:
+        if c_out.pending:
+            s_in.write(c_out.read())
+        if s_out.pending:
+            c_in.write(s_out.read())
+
+    for _ in range(10):
+        done = 0
+        for side in (client, server):
+            try:
+                side.do_handshake()
+                done += 1
+            except ssl.SSLWantReadError:
+                pass
+        shuttle()
+        if done == 2:
+            break
+    else:
+        raise RuntimeError("TLS handshake did not finish")
+    return client, server, shuttle, (c_out, s_in)
+
+
+def _read_all(side: Any, want: int) -> int:
+    import ssl
+
+    got = 0
+    while got < want:
+        try:
+            got += len(side.read(workloads.BULK_CHUNK))
+        except ssl.SSLWantReadError:
+            break
+    return got
+
+
+def _tcp_carrier() -> Any:
+    """A connected loopback TCP pair (non-blocking) and a function that
+    moves bytes from one end to the other, reading 256 KiB at a time."""
+    listener = socket.create_server((workloads.HOST, 0))
+    a = socket.create_connection(listener.getsockname())
+    b, _ = listener.accept()
+    listener.close()
+    for s in (a, b):
+        s.setblocking(False)
+    buf = bytearray(workloads.PIPE_OUTPUT_READ)
+    view = memoryview(buf)
+
+    def carry(data: bytes, deliver: Any) -> None:
+        out = memoryview(data)
+        while out:
+            try:
+                out = out[a.send(out):]
+            except BlockingIOError:
+                pass
+            while True:
+                try:
+                    n = b.recv_into(view)
+                except BlockingIOError:
+                    break
+                deliver(view[:n])
+        while True:  # what is still in flight
+            try:
+                n = b.recv_into(view)
+            except BlockingIOError:
+                break
+            deliver(view[:n])
+
+    return carry, (a, b)
+
+
+def floor_tls_bulk(variant: str, mib: int) -> float:
+    total = mib * workloads.MIB
+    chunk = bytes(range(workloads.BULK_PERIOD)) * 1024
+    contexts = workloads.tls_contexts()  # made before the loops' timing starts too
+    t0 = time.perf_counter()
+    client, server, shuttle, (c_out, s_in) = _tls_pair(contexts)
+    carry = socks = None
+    if variant == "tcp":
+        carry, socks = _tcp_carrier()
+    sent = got = 0
+    while sent < total:
+        piece = chunk if total - sent >= len(chunk) else chunk[:total - sent]
+        client.write(piece)
+        sent += len(piece)
+        if carry is None:
+            shuttle()
+        else:
+            carry(c_out.read(), s_in.write)
+        got += _read_all(server, total - got)
+    if got != total:
+        raise RuntimeError(f"short read ({got} of {total})")
+    try:
+        client.unwrap()
+    except Exception:  # the peer's close_notify is not needed to count
+        pass
+    shuttle()
+    elapsed = time.perf_counter() - t0
+    for sock in socks or ():
+        sock.close()
+    return elapsed
+
+
+def floor_tls_echo(variant: str, n: int) -> float:
+    payload = bytes(range(256)) * 4  # 1 KiB
+    contexts = workloads.tls_contexts()
+    t0 = time.perf_counter()
+    client, server, shuttle, _ = _tls_pair(contexts)
+    for _ in range(n):
+        client.write(payload)
+        shuttle()
+        data = server.read(65536)
+        server.write(data)
+        shuttle()
+        if len(client.read(65536)) != len(payload):
+            raise RuntimeError("short echo")
+    return time.perf_counter() - t0
+
+
+FLOORS = {"spawn": floor_spawn, "pipe_output": floor_pipe_output,
+          "tls_bulk": floor_tls_bulk, "tls_echo": floor_tls_echo}
+
+
 def run_floor(workload: str, variant: str, size: int) -> Dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--floor", workload,
            "--variant", variant, "--size", str(size)]
@@ -116,8 +264,7 @@ def main(argv: List[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.floor:  # one floor sample, in this fresh process
-        fn = floor_spawn if args.floor == "spawn" else floor_pipe_output
-        elapsed = fn(args.variant, args.size)
+        elapsed = FLOORS[args.floor](args.variant, args.size)
         print(MARKER + json.dumps({"ok": True, "elapsed": elapsed}))
         return 0
 
