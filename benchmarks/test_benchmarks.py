@@ -530,6 +530,21 @@ def test_tls_client_verifies_host_name() -> None:
         asyncio.run(main("other.example"))
 
 
+@pytest.mark.parametrize("variant", ["memory_bios", "tcp"])
+def test_tls_bulk_floor_moves_every_byte(variant: str) -> None:
+    """floors.py's TLS bulk floor encrypts, carries and decrypts the whole
+    size (it raises on a short read) and reports a positive time."""
+    import floors
+
+    assert floors.floor_tls_bulk(variant, 2) > 0
+
+
+def test_tls_echo_floor_round_trips() -> None:
+    import floors
+
+    assert floors.floor_tls_echo("memory_bios", 50) > 0
+
+
 # ---- datagram, pipe and process parity checks ---------------------------
 
 
