@@ -354,8 +354,13 @@ def test_child_closing_inherited_loop_leaves_parent_serving(loop):
     a, b = socket.socketpair()
     seen = []
     loop.add_reader(a.fileno(), lambda: seen.append(a.recv(10)))
+    # A connection open across the fork: both of its ends are transports
+    # the child's copy of the loop closes.
+    reader, writer = run(loop, asyncio.open_connection("127.0.0.1", port))
     try:
         assert run(loop, echo_once(port, b"before")) == b"before"
+        writer.write(b"one")
+        assert run(loop, asyncio.wait_for(reader.readexactly(3), 5)) == b"one"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, 3.12+
             pid = os.fork()
@@ -367,6 +372,10 @@ def test_child_closing_inherited_loop_leaves_parent_serving(loop):
         _, status = os.waitpid(pid, 0)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
         assert run(loop, echo_once(port, b"after")) == b"after"
+        writer.write(b"two")
+        assert run(loop, asyncio.wait_for(reader.readexactly(3), 5)) == b"two"
+        writer.close()
+        run(loop, writer.wait_closed())
         b.send(b"ping")
         run(loop, asyncio.wait_for(_until(lambda: seen), 5))
         assert seen == [b"ping"]

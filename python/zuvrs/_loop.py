@@ -160,6 +160,10 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
             raise RuntimeError("Cannot close a running event loop")
         if self._closed:
             return
+        # In a forked child, the loop first gets kernel objects of its own:
+        # every handle closed below would otherwise be unregistered from
+        # the epoll set the parent still uses.
+        self._adopt_after_fork()
         if sys.is_finalizing():
             self._signal_handlers.clear()
         else:

@@ -376,12 +376,20 @@ impl LoopCore {
     /// without close()). Every libuv handle is closed by its owner, then
     /// the loop; Python callbacks are released last, since their `__del__`
     /// may run arbitrary code.
-    fn free_core(&self, py: Python<'_>) {
-        let (clients, due) = self.shared.state.with(py, |st| {
-            st.closed = true;
+    /// In a forked child, gives the libuv loop kernel objects of its own
+    /// (see `UvLoop::adopt_after_fork`); nothing in the parent's.
+    fn adopt_after_fork(&self, py: Python<'_>) {
+        self.shared.state.with(py, |st| {
             if let Some(parts) = st.uv.as_mut() {
                 parts.uv.adopt_after_fork();
             }
+        })
+    }
+
+    fn free_core(&self, py: Python<'_>) {
+        self.adopt_after_fork(py);
+        let (clients, due) = self.shared.state.with(py, |st| {
+            st.closed = true;
             st.clients.take_all()
         });
         for client in clients {
@@ -585,6 +593,12 @@ impl LoopCore {
     /// `close()` calls this after its own checks.
     fn _free_core(&self, py: Python<'_>) {
         self.free_core(py)
+    }
+
+    /// Loop.close's first step: in a forked child, kernel objects of the
+    /// loop's own before any handle is closed.
+    fn _adopt_after_fork(&self, py: Python<'_>) {
+        self.adopt_after_fork(py)
     }
 
     /// The loop holds its queued handles' callbacks on their behalf (the
