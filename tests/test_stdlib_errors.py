@@ -8,6 +8,7 @@ the stdlib's answer, which the body states.
 import asyncio
 import decimal
 import socket
+import sys
 
 import pytest
 from _support import collect_exceptions, run
@@ -39,10 +40,24 @@ def test_getaddrinfo_of_nothing_is_eai_noname(loop, args):
     assert kind is socket.gaierror, message
 
 
-def test_getaddrinfo_port_too_large_is_overflow(loop):
+def test_getaddrinfo_port_too_large_is_the_stdlibs_error(loop):
+    # Up to 3.11 socket.getaddrinfo takes an int port as a C long
+    # (OverflowError beyond); from 3.12 on it gives the resolver the digits,
+    # which it refuses (gaierror).
     kind, message = outcome(loop, lambda: loop.getaddrinfo("127.0.0.1", 2**64))
-    assert kind is OverflowError
-    assert "too large" in message
+    if sys.version_info < (3, 12):
+        assert kind is OverflowError
+        assert "too large" in message
+    else:
+        assert kind is socket.gaierror
+
+
+@pytest.mark.parametrize("port", [True, 80.0])
+def test_getaddrinfo_port_of_another_type_is_os_error(loop, port):
+    # Only an exact int, a str, bytes or None is a port to the socket module.
+    kind, message = outcome(loop, lambda: loop.getaddrinfo("127.0.0.1", port))
+    assert kind is OSError
+    assert message == "Int or String expected"
 
 
 def test_getaddrinfo_port_ends_at_nul(loop):

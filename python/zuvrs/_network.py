@@ -72,19 +72,25 @@ _C_LONG_MIN, _C_LONG_MAX = -(2**63), 2**63 - 1
 
 def _encode_port(port):
     """The port as socket.getaddrinfo hands it to the resolver: an int as
-    its digits (OverflowError beyond a C long), a str or bytes up to a NUL
-    (the C string it becomes ends there)."""
+    its digits (up to 3.11 only a C long's: OverflowError beyond), a str or
+    bytes up to a NUL (the C string it becomes ends there). Only an exact
+    int is a number there (a bool is "Int or String expected")."""
     if port is None:
         return None
-    if isinstance(port, int):
-        if not _C_LONG_MIN <= port <= _C_LONG_MAX:
+    if type(port) is int:
+        if _PORT_IS_C_LONG and not _C_LONG_MIN <= port <= _C_LONG_MAX:
             raise OverflowError("Python int too large to convert to C long")
-        return str(int(port)).encode()
+        return str(port).encode()
     if isinstance(port, str):
         return port.encode().split(b"\0", 1)[0]
     if isinstance(port, bytes):
         return port.split(b"\0", 1)[0]
     raise OSError("Int or String expected")
+
+
+# Up to 3.11 socket.getaddrinfo converts an int port to a C long; from 3.12
+# on it passes the int's digits to the resolver whatever their number.
+_PORT_IS_C_LONG = sys.version_info < (3, 12)
 
 
 def _ssl():
