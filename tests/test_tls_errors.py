@@ -16,6 +16,7 @@ import ssl
 import pytest
 from _support import TIMEOUT, RecordingProtocol, run, wait_until
 from _tls_support import (
+    SSLPROTO_311,
     TLS12,
     TLS13,
     ManualTlsPeer,
@@ -26,6 +27,7 @@ from _tls_support import (
 )
 
 pytest.importorskip("cryptography")
+pytestmark = [SSLPROTO_311]
 from _tls_certs import make_pki  # noqa: E402
 
 

@@ -15,9 +15,10 @@ import time
 
 import pytest
 from _support import TIMEOUT, RecordingProtocol, numbered_chunks, payload, rss_bytes, run
-from _tls_support import KiB, MiB, TlsPair, assert_tls_path, client_context, server_context
+from _tls_support import SSLPROTO_311, KiB, MiB, TlsPair, assert_tls_path, client_context, server_context
 
 pytest.importorskip("cryptography")
+pytestmark = [SSLPROTO_311]
 from _tls_certs import make_pki  # noqa: E402
 
 

@@ -18,6 +18,7 @@ import sys
 import pytest
 from _support import TIMEOUT, RecordingProtocol, payload, run, wait_until
 from _tls_support import (
+    SSLPROTO_311,
     TLS12,
     TLS13,
     VERSIONS,
@@ -33,6 +34,7 @@ from _tls_support import (
 )
 
 pytest.importorskip("cryptography")
+pytestmark = [SSLPROTO_311]
 from _tls_certs import make_pki  # noqa: E402
 
 

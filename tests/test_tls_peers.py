@@ -20,6 +20,7 @@ import time
 import pytest
 from _support import TIMEOUT, RecordingProtocol, payload, run, wait_until
 from _tls_support import (
+    SSLPROTO_311,
     TLS12,
     KiB,
     MiB,
@@ -31,6 +32,7 @@ from _tls_support import (
 )
 
 pytest.importorskip("cryptography")
+pytestmark = [SSLPROTO_311]
 from _tls_certs import make_pki  # noqa: E402
 
 
