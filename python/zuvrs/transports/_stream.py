@@ -101,7 +101,9 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
 
     def __init__(self, loop, sock, protocol, waiter=None, extra=None, server=None):
         self._open_socket(loop, sock, extra)
-        self._connect(self._core, protocol, waiter, server)
+        # A user's socket may have no peer; one zuvrs accepted or connected
+        # (_open_tcp) always has one.
+        self._connect(self._core, protocol, waiter, server, self._unconnected_socket_check())
 
     def _open_socket(self, loop, sock, extra):
         self._extra = dict(extra or ())
@@ -150,26 +152,17 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         except BaseException:
             os.close(fd)
             raise
-        # _connect's steps, without the check for a socket with no peer (a
-        # socket zuvrs accepted or connected has one): this runs once per
-        # connection of every TCP server and client.
-        self._server = server
-        self._core = core
-        core.set_protocol(protocol, isinstance(protocol, _BufferedProtocol))
-        self._protocol_connected = True
-        if server is not None:
-            _attach_to(server, self)
-        self._start(protocol, waiter)
+        self._connect(core, protocol, waiter, server)
         return self
 
-    def _connect(self, core, protocol, waiter, server):
+    def _connect(self, core, protocol, waiter, server, then=None):
         self._server = server
         self._core = core
         core.set_protocol(protocol, isinstance(protocol, _BufferedProtocol))
         self._protocol_connected = True
         if server is not None:
             _attach_to(server, self)
-        self._start(protocol, waiter, then=self._unconnected_socket_check())
+        self._start(protocol, waiter, then=then)
 
     def _unconnected_socket_check(self):
         """For a socket with no peer (a user's socket never connected), what
