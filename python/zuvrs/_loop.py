@@ -372,15 +372,8 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
     def _drain_wakeup_socket(self):
         # Running this Python function also lets the interpreter run any
         # pending Python-level signal handler (e.g. raise KeyboardInterrupt).
-        while True:
-            try:
-                data = self._wakeup_r.recv(4096)
-            except InterruptedError:
-                continue
-            except (BlockingIOError, OSError):
-                return
-            if not data:
-                return
+        data = self._read_wakeup_socket()
+        if data:
             if self._wakeup_forward is not None:
                 self._forward_signal_bytes(self._wakeup_forward, data)
             for signum in data:

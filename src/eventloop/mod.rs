@@ -62,10 +62,17 @@ pub(crate) fn monotonic() -> f64 {
 /// patch it steer the timers), else the monotonic clock.
 #[inline]
 pub(crate) fn loop_time(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<f64> {
+    Ok(python_clock_now(py, slf, shared)?.unwrap_or_else(monotonic))
+}
+
+/// `loop.time()` when the loop's clock is Python code, else None (the
+/// native clock is read where it is needed).
+#[inline]
+fn python_clock_now(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<Option<f64>> {
     if shared.state.with(py, |st| st.python_clock) {
-        return python::call_method(slf, pyo3::intern!(py, "time"), ())?.extract();
+        return python::call_method(slf, pyo3::intern!(py, "time"), ())?.extract().map(Some);
     }
-    Ok(monotonic())
+    Ok(None)
 }
 
 /// Debug mode's slow-callback warning for protocol callbacks that libuv's

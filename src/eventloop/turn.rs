@@ -125,43 +125,44 @@ fn arm_timer(py: Python<'_>, shared: &LoopShared, python_now: Option<f64>) {
                 }
             }
             Some(when) => {
-                // SAFETY: as above.
-                let active = unsafe { sys::uv_is_active(parts.timer.as_handle()) } != 0;
-                if let Some(now) = python_now {
-                    let delay_ms = ((when - now) * 1000.0).ceil();
-                    let delay = if delay_ms.is_nan() || delay_ms <= 0.0 {
-                        0
-                    } else if delay_ms >= (u64::MAX / 2) as f64 {
-                        u64::MAX / 2
-                    } else {
-                        delay_ms as u64
-                    };
-                    // SAFETY: as above.
-                    unsafe { sys::uv_timer_start(parts.timer.raw(), Some(super::on_timer), delay, 0) };
-                    // Armed by another clock: the next arming starts afresh.
-                    parts.armed_for = f64::NAN;
-                    return;
-                }
-                if active && parts.armed_for == when {
-                    return;
-                }
-                // libuv counts whole milliseconds on the same clock; rounding
-                // the deadline up means the timer never fires early.
-                let now_ms = parts.uv.now_ms();
-                let due_ms = (when * 1000.0).ceil();
-                let delay = if due_ms.is_nan() || due_ms <= now_ms as f64 {
-                    0
-                } else if due_ms >= u64::MAX as f64 {
-                    u64::MAX / 2
-                } else {
-                    due_ms as u64 - now_ms
+                let delay = match python_now {
+                    // A Python clock: the delay is measured on it, and the
+                    // next arming starts afresh.
+                    Some(now) => {
+                        parts.armed_for = f64::NAN;
+                        timer_delay_ms(((when - now) * 1000.0).ceil(), 0)
+                    }
+                    None => {
+                        // SAFETY: as above.
+                        let active = unsafe { sys::uv_is_active(parts.timer.as_handle()) } != 0;
+                        if active && parts.armed_for == when {
+                            return;
+                        }
+                        parts.armed_for = when;
+                        // libuv counts whole milliseconds on the same clock;
+                        // rounding the deadline up means the timer never
+                        // fires early.
+                        timer_delay_ms((when * 1000.0).ceil(), parts.uv.now_ms())
+                    }
                 };
                 // SAFETY: as above.
                 unsafe { sys::uv_timer_start(parts.timer.raw(), Some(super::on_timer), delay, 0) };
-                parts.armed_for = when;
             }
         }
     })
+}
+
+/// The uv timer's delay for a deadline of `due_ms` on a clock now at
+/// `now_ms`: 0 when due (or NaN), at most `u64::MAX / 2` (libuv adds it to
+/// its clock).
+fn timer_delay_ms(due_ms: f64, now_ms: u64) -> u64 {
+    if due_ms.is_nan() || due_ms <= now_ms as f64 {
+        0
+    } else if due_ms >= u64::MAX as f64 {
+        u64::MAX / 2
+    } else {
+        (due_ms as u64 - now_ms).min(u64::MAX / 2)
+    }
 }
 
 /// Moves due timers to the ready queue; `now` is the time just read, if any.
@@ -235,7 +236,7 @@ fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing:
             let mode = if busy {
                 sys::uv_run_mode_UV_RUN_NOWAIT
             } else {
-                arm_timer(py, shared, python_clock_now(py, slf, shared)?);
+                arm_timer(py, shared, super::python_clock_now(py, slf, shared)?);
                 sys::uv_run_mode_UV_RUN_ONCE
             };
             uv_run(py, shared, raw, mode, !busy);
@@ -252,22 +253,13 @@ fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing:
             return Err(err);
         }
     }
-    let now = match python_clock_now(py, slf, shared)? {
+    let now = match super::python_clock_now(py, slf, shared)? {
         Some(now) => now,
         None if shared.state.with(py, |st| st.timers.len() == 0) => 0.0,
         None => polled_at.unwrap_or_else(monotonic),
     };
     collect_due_timers(py, shared, now);
     run_ready(slf, shared)
-}
-
-/// `loop.time()` when the loop's clock is Python code, else None (the
-/// native clock is read where it is needed).
-fn python_clock_now(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<Option<f64>> {
-    if shared.state.with(py, |st| st.python_clock) {
-        return super::loop_time(py, slf, shared).map(Some);
-    }
-    Ok(None)
 }
 
 /// Runs the callbacks queued when the turn began.
@@ -339,6 +331,15 @@ const READY_KEEP: usize = 1024;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timer_delays_round_up_and_clamp() {
+        assert_eq!(timer_delay_ms(1500.0, 1000), 500);
+        assert_eq!(timer_delay_ms(999.0, 1000), 0, "already due");
+        assert_eq!(timer_delay_ms(f64::NAN, 0), 0);
+        assert_eq!(timer_delay_ms(f64::INFINITY, 0), u64::MAX / 2);
+        assert_eq!(timer_delay_ms(1e300, 5), u64::MAX / 2);
+    }
 
     #[test]
     fn an_idle_loop_always_polls() {
