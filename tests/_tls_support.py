@@ -273,11 +273,11 @@ def fd_count():
     return len(os.listdir("/proc/self/fd"))
 
 
-# The TLS test modules assert asyncio's sslproto of 3.11+ (rewritten in
-# 3.11), which zuvrs's native TLS follows. On 3.10 both loops run 3.10's
-# sslproto, which behaves otherwise in many of these tests (reports, flow
-# control, shutdown, timeouts' errors) on the stdlib loop too; zuvrs's
-# remaining 3.10-only failures are listed in README's compatibility table.
+# asyncio's sslproto was rewritten in 3.11; zuvrs's native TLS follows the
+# new one. On 3.10 both loops run 3.10's sslproto, which behaves otherwise
+# (reports, flow control, shutdown, the timeouts' errors) on the stdlib loop
+# too: the tests that assert 3.11+'s behaviour carry this mark, the others
+# run on 3.10 as parity tests of zuvrs's sslproto fallback.
 SSLPROTO_311 = pytest.mark.skipif(
     sys.version_info < (3, 11), reason="asserts asyncio's sslproto of 3.11+ (3.10's differs on the stdlib loop too)"
 )

@@ -27,7 +27,6 @@ from _tls_support import (
 )
 
 pytest.importorskip("cryptography")
-pytestmark = [SSLPROTO_311]
 from _tls_certs import make_pki  # noqa: E402
 
 
@@ -274,6 +273,7 @@ def test_server_closes_mid_handshake(loop, pki, after):
     assert handled == []
 
 
+@SSLPROTO_311
 def test_client_closes_mid_handshake(loop, pki):
     """A client that sends half a ClientHello and closes: the server's
     handshake ends (logged in debug mode) and it keeps serving."""
@@ -363,6 +363,7 @@ def test_peer_resets(loop, pki):
     assert handled == []
 
 
+@SSLPROTO_311
 @pytest.mark.parametrize("together", [True, False], ids=["one-segment", "two-segments"])
 def test_data_after_close_notify(loop, pki, together):
     """A peer that sends close_notify and then more data: what came before
@@ -390,6 +391,7 @@ def test_data_after_close_notify(loop, pki, together):
     assert events[-2:] == ["eof", "lost"]
 
 
+@SSLPROTO_311
 def test_client_initiated_renegotiation_tls12(loop, pki):
     """A TLS 1.2 client asks to renegotiate: OpenSSL 3's server refuses
     (client-initiated renegotiation is off), the client fails on that and
@@ -478,6 +480,7 @@ class _Boom(Exception):
 
 @pytest.mark.parametrize("where", ["connection_made", "data_received", "eof_received", "get_buffer",
                                    "buffer_updated", "pause_writing"])
+@SSLPROTO_311
 def test_application_callback_raising(loop, pki, where):
     """An exception from the application's protocol: the same report (the
     exception handler's message and exception) and the same end of the

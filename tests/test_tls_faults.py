@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import socket
 import ssl
+import sys
 import threading
 import time
 
@@ -18,7 +19,6 @@ from _support import TIMEOUT, RecordingProtocol, numbered_chunks, payload, rss_b
 from _tls_support import SSLPROTO_311, KiB, MiB, TlsPair, assert_tls_path, client_context, server_context
 
 pytest.importorskip("cryptography")
-pytestmark = [SSLPROTO_311]
 from _tls_certs import make_pki  # noqa: E402
 
 
@@ -112,13 +112,20 @@ def test_100_mib_to_a_slow_reader_in_bounded_memory(loop, pki):
     for chunk in numbered_chunks(block, count):
         expected.update(chunk)
 
+    # 3.10's sslproto fails when the peer's close_notify arrives while the
+    # reader is paused (bpo-36098: resume_reading then finds no transport),
+    # on the stdlib loop too, at transfer sizes that depend on how the reads
+    # split (10-30 MiB there, 90-100 MiB on zuvrs). There the writer closes
+    # once the reader has everything.
+    close_after_read = sys.version_info < (3, 11)
+
     async def main():
         result = loop.create_future()
 
         async def handler(reader, writer):
             sha = hashlib.sha256()
             n = 0
-            while True:
+            while not (close_after_read and n == count * MiB):
                 data = await reader.read(256 * KiB)
                 if not data:
                     break
@@ -150,6 +157,8 @@ def test_100_mib_to_a_slow_reader_in_bounded_memory(loop, pki):
                 writer.write(chunk[i:i + 256 * KiB])
                 max_buffer = max(max_buffer, writer.transport.get_write_buffer_size())
                 await writer.drain()
+        if close_after_read:
+            await asyncio.wait_for(asyncio.shield(result), 120)
         writer.close()
         await writer.wait_closed()
         n, digest = await asyncio.wait_for(result, 120)
@@ -167,6 +176,7 @@ def test_100_mib_to_a_slow_reader_in_bounded_memory(loop, pki):
     assert growth < 40 * MiB, f"RSS grew by {growth / MiB:.1f} MiB for a {count} MiB transfer"
 
 
+@SSLPROTO_311
 def test_close_with_64_mib_queued(loop, pki):
     """write() 64 MiB and close() at once, without drain(): the peer gets
     every byte, then close_notify."""
@@ -191,6 +201,7 @@ def test_close_with_64_mib_queued(loop, pki):
     run(loop, main(), 90)
 
 
+@SSLPROTO_311
 def test_server_writes_and_closes_to_a_client_that_reads_later(loop, pki):
     """The server writes 16 MiB and closes while the client has reading
     paused; once the client resumes it gets everything, then EOF."""

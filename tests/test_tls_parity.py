@@ -34,7 +34,6 @@ from _tls_support import (
 )
 
 pytest.importorskip("cryptography")
-pytestmark = [SSLPROTO_311]
 from _tls_certs import make_pki  # noqa: E402
 
 
@@ -93,6 +92,7 @@ class BufferedRecorder(asyncio.BufferedProtocol):
 # -- handshakes, data, extra info ----------------------------------------------------------
 
 
+@SSLPROTO_311
 @pytest.mark.parametrize("version", sorted(VERSIONS))
 def test_handshake_data_and_extra_info(loop, pki, version):
     """Both ends of a TLS 1.2 / 1.3 connection: the version, data both ways,
@@ -161,6 +161,7 @@ def test_handshake_data_and_extra_info(loop, pki, version):
     run(loop, main(), 20)
 
 
+@SSLPROTO_311
 @pytest.mark.parametrize("app", ["protocol", "buffered"])
 def test_echo_large_with_protocol_kinds(loop, pki, app):
     """4 MiB through an echoing server whose protocol is a Protocol or a
@@ -301,6 +302,7 @@ def test_client_certificate_required(loop, pki, version):
     run(loop, main())
 
 
+@SSLPROTO_311
 def test_client_certificate_missing_tls12(loop, pki, caplog):
     """CERT_REQUIRED and no client certificate: the server's handshake fails
     (PEER_DID_NOT_RETURN_A_CERTIFICATE, logged in debug mode) and, as
@@ -504,6 +506,7 @@ def test_post_handshake_auth(loop, pki):
 # -- flow control ---------------------------------------------------------------------------
 
 
+@SSLPROTO_311
 def test_buffer_limits(loop, pki):
     """asyncio's TLS water marks (512 KiB writes, 256 KiB reads, a quarter
     for the low marks) and its checks of new ones."""
@@ -576,6 +579,7 @@ def test_pause_and_resume_writing_at_the_marks(loop, pki):
     run(loop, main(), 60)
 
 
+@SSLPROTO_311
 def test_write_flow_control_counts_what_sslproto_counts(loop, pki):
     """sslproto's accounting: the application's write buffer is the backlog
     and the ciphertext held back while the socket's own buffer is over its
@@ -617,6 +621,7 @@ def test_write_flow_control_counts_what_sslproto_counts(loop, pki):
     run(loop, main(), 60)
 
 
+@SSLPROTO_311
 def test_pause_and_resume_reading(loop, pki):
     """pause_reading() stops data_received (the socket goes on reading
     ciphertext up to the read high-water mark); resume_reading() delivers
@@ -705,6 +710,7 @@ def test_write_type_errors(loop, pki):
 # -- close, abort ----------------------------------------------------------------------------
 
 
+@SSLPROTO_311
 def test_close_sends_close_notify_both_ways(loop, pki):
     async def main():
         pair = await TlsPair.open(server_context(pki), client_context(pki))
@@ -724,6 +730,7 @@ def test_close_sends_close_notify_both_ways(loop, pki):
     run(loop, main())
 
 
+@SSLPROTO_311
 def test_server_closes_first(loop, pki):
     async def main():
         pair = await TlsPair.open(server_context(pki), client_context(pki))
@@ -739,6 +746,7 @@ def test_server_closes_first(loop, pki):
     run(loop, main())
 
 
+@SSLPROTO_311
 def test_eof_received_returning_true_warns(loop, pki, caplog):
     async def main():
         pair = await TlsPair.open(server_context(pki), client_context(pki),
@@ -755,6 +763,7 @@ def test_eof_received_returning_true_warns(loop, pki, caplog):
     assert msgs.count("returning true from eof_received() has no effect when using ssl") == 1
 
 
+@SSLPROTO_311
 def test_writes_after_close_are_dropped_with_a_warning(loop, pki, caplog):
     async def main():
         pair = await TlsPair.open(server_context(pki), client_context(pki))
@@ -793,6 +802,7 @@ def test_abort(loop, pki):
     run(loop, main())
 
 
+@SSLPROTO_311
 def test_close_with_pending_data_delivers_everything(loop, pki):
     data = payload(8 * MiB + 5, seed=6)
 
@@ -855,6 +865,7 @@ def test_protocol_of_a_closed_connection(loop, pki):
 # -- timeouts ----------------------------------------------------------------------------------
 
 
+@SSLPROTO_311
 @pytest.mark.parametrize("name", ["ssl_handshake_timeout", "ssl_shutdown_timeout"])
 @pytest.mark.parametrize("value", [0, -1.5])
 def test_timeouts_must_be_positive(loop, pki, name, value):
@@ -945,6 +956,7 @@ def test_server_handshake_timeout_keeps_serving(loop, pki):
     assert 0.3 < run(loop, main(), 20) < 4
 
 
+@SSLPROTO_311
 def test_shutdown_timeout(loop, pki):
     """A peer that never answers our close_notify: connection_lost gets
     TimeoutError('SSL shutdown timed out') after ssl_shutdown_timeout."""
@@ -1065,6 +1077,7 @@ def test_connect_accepted_socket(loop, pki):
     run(loop, main())
 
 
+@SSLPROTO_311
 def test_connect_accepted_socket_argument_errors(loop, pki):
     async def main():
         a, b = socket.socketpair()
@@ -1100,6 +1113,7 @@ def test_create_connection_on_a_connected_socket(loop, pki):
     run(loop, main())
 
 
+@SSLPROTO_311
 def test_ssl_argument_errors(loop, pki):
     """The stdlib's own checks of ssl=, server_hostname= and the timeouts
     (the same on both loops: BaseEventLoop makes them)."""
@@ -1223,6 +1237,7 @@ class _StartTlsServer(asyncio.Protocol):
         self.tls.set_result(t)
 
 
+@SSLPROTO_311
 def test_start_tls_server_with_client_hello_buffered(loop, pki):
     """The client sends its ClientHello right after reading the plaintext
     answer; the server calls start_tls with reading paused, so the hello
@@ -1408,6 +1423,7 @@ def test_sendfile_over_tls(loop, pki, tmp_path):
     run(loop, main(), 40)
 
 
+@SSLPROTO_311
 def test_invalid_timeout_leaves_the_socket_usable(loop, pki):
     """create_connection(sock=..., ssl=...) refusing a timeout leaves the
     caller's socket as it was: it can carry a TLS connection afterwards."""
@@ -1548,6 +1564,36 @@ def test_socket_class_overriding_io_gets_sslproto(loop, pki):
         await p.received(16)
         assert "send" in calls
         t.close()
+        await p.lost
+        await pair.aclose()
+
+    run(loop, main())
+
+
+def test_start_tls_on_a_transport_zuvrs_does_not_serve_gets_sslproto(loop, pki):
+    """start_tls on a transport that is not zuvrs's own socket transport (a
+    socket class overriding its I/O gets asyncio's) goes through asyncio's
+    sslproto on zuvrs, which says so in _tls_path; the exchange works the
+    same."""
+
+    class Counting(socket.socket):
+        def send(self, data, *args):
+            return super().send(data, *args)
+
+    async def main():
+        pair = await TlsPair.open(server_context(pki), client_context(pki),
+                                  server_factory=lambda: RecordingProtocol(echo=True))
+        sock = Counting(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", pair.port))
+        t, p = await loop.create_connection(RecordingProtocol, sock=sock)
+        tls = await loop.start_tls(t, p, client_context(pki), server_hostname="localhost")
+        if is_zuvrs(loop) and sys.version_info >= (3, 11):
+            assert tls._tls_path == "sslproto: the transport or the context is not zuvrs's own"
+        tls.write(b"after start_tls")
+        await p.received(15)
+        assert p.data == b"after start_tls"
+        tls.close()
         await p.lost
         await pair.aclose()
 

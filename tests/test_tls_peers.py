@@ -32,7 +32,6 @@ from _tls_support import (
 )
 
 pytest.importorskip("cryptography")
-pytestmark = [SSLPROTO_311]
 from _tls_certs import make_pki  # noqa: E402
 
 
@@ -104,6 +103,7 @@ def _s_server(pki, *extra):
     return child, port
 
 
+@SSLPROTO_311
 @pytest.mark.parametrize("flag,version", [("-tls1_2", "TLSv1.2"), ("-tls1_3", "TLSv1.3")])
 def test_client_to_openssl_s_server(loop, pki, flag, version):
     child, port = _s_server(pki, flag, "-alpn", "h2,http/1.1")
@@ -151,6 +151,7 @@ def test_client_certificate_to_openssl_s_server(loop, pki):
         child.stop()
 
 
+@SSLPROTO_311
 def test_client_closes_to_openssl_s_server(loop, pki):
     """Our close_notify: s_server answers with its own (it is a full TLS
     shutdown, not a reset), and our connection_lost is clean."""
@@ -239,6 +240,7 @@ def test_openssl_s_client_to_server(loop, pki, flag, version):
     run(loop, main(), 40)
 
 
+@SSLPROTO_311
 def test_openssl_s_client_closes_first(loop, pki):
     """s_client ends (stdin EOF with -no_ign_eof): its close_notify reaches
     the server's application as eof_received, then connection_lost(None)."""

@@ -219,25 +219,28 @@ class NetworkMixin:
         handshake starts at once, and data that arrives meanwhile waits in
         the TLS session), asyncio's sslproto otherwise."""
         timeouts = _ssl_timeouts(ssl_handshake_timeout, ssl_shutdown_timeout)
-        if not (NATIVE_TLS and type(transport) is SocketTransport and isinstance(sslcontext, _ssl().SSLContext)
-                and not transport.is_closing()):
-            return await super().start_tls(
+
+        async def with_sslproto(why):
+            tls = await super(NetworkMixin, self).start_tls(
                 transport, protocol, sslcontext, server_side=server_side, server_hostname=server_hostname, **timeouts
             )
+            tls._tls_path = f"sslproto: {why}"
+            return tls
+
+        if not NATIVE_TLS:
+            return await with_sslproto("asyncio's sslproto before 3.11")
+        if not (type(transport) is SocketTransport and isinstance(sslcontext, _ssl().SSLContext)
+                and not transport.is_closing()):
+            return await with_sslproto("the transport or the context is not zuvrs's own")
         setup = TlsSetup(
             protocol, sslcontext, server_side=server_side, server_hostname=server_hostname,
             ssl_handshake_timeout=ssl_handshake_timeout, ssl_shutdown_timeout=ssl_shutdown_timeout,
         )
         waiter = self.create_future()
-
-        def with_sslproto(why):
-            return None
-
-        tls = open_tls(self, transport, setup, waiter, call_connection_made=False, on_fallback=with_sslproto)
-        if tls is None:
-            return await super().start_tls(
-                transport, protocol, sslcontext, server_side=server_side, server_hostname=server_hostname, **timeouts
-            )
+        fallback = []
+        tls = open_tls(self, transport, setup, waiter, call_connection_made=False, on_fallback=fallback.append)
+        if fallback:
+            return await with_sslproto(fallback[0])
         begin = self.call_soon(tls._begin)
         transport._core._resume_socket_reading()
         try:
