@@ -62,8 +62,9 @@ def _group(dso: str, loop: str) -> str:
     return "other"
 
 
-def profile(python: str, loop: str, workload: str, size: int, freq: int) -> Dict[str, int]:
-    """perf samples per group for one run of the workload."""
+def dso_samples(python: str, loop: str, workload: str, size: int, freq: int) -> Dict[str, int]:
+    """perf samples per shared object (as perf names it) for one run of the
+    workload."""
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "perf.data")
         cmd = ["perf", "record", "-q", "-F", str(freq), "-o", data, "--",
@@ -76,12 +77,20 @@ def profile(python: str, loop: str, workload: str, size: int, freq: int) -> Dict
         rep = subprocess.run(["perf", "report", "-i", data, "--stdio", "-n",
                               "--no-children", "--sort", "dso"],
                              capture_output=True, text=True, timeout=300)
-    counts = dict.fromkeys(GROUPS, 0)
+    counts: Dict[str, int] = {}
     # lines look like: "    61.06%         12345  [kernel.kallsyms]"
     for line in rep.stdout.splitlines():
         m = re.match(r"\s*[\d.]+%\s+(\d+)\s+(\S.*?)\s*$", line)
         if m:
-            counts[_group(m.group(2), loop)] += int(m.group(1))
+            counts[m.group(2)] = counts.get(m.group(2), 0) + int(m.group(1))
+    return counts
+
+
+def profile(python: str, loop: str, workload: str, size: int, freq: int) -> Dict[str, int]:
+    """perf samples per group for one run of the workload."""
+    counts = dict.fromkeys(GROUPS, 0)
+    for dso, n in dso_samples(python, loop, workload, size, freq).items():
+        counts[_group(dso, loop)] += n
     return counts
 
 
