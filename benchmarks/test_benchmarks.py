@@ -545,6 +545,20 @@ def test_tls_echo_floor_round_trips() -> None:
     assert floors.floor_tls_echo("memory_bios", 50) > 0
 
 
+def test_tls_ceiling_counts_openssl_beyond_the_baseline(monkeypatch) -> None:
+    """tls_ceiling.py's CPU seconds are the full run's samples minus the
+    baseline run's, in all and in libssl + libcrypto only (not _ssl or
+    _hashlib, whose own code is the interpreter's side)."""
+    import own_share
+    import tls_ceiling
+
+    runs = {100: {"libcrypto.so.3": 4000, "libssl.so.3": 400, "_ssl.cpython-311.so": 40, "[kernel.kallsyms]": 1600},
+            2: {"libcrypto.so.3": 400, "libssl.so.3": 0, "_ssl.cpython-311.so": 0, "[kernel.kallsyms]": 400}}
+    monkeypatch.setattr(own_share, "dso_samples", lambda python, loop, workload, size, freq: runs[size])
+    got = tls_ceiling.extra_cpu("python", "zuvrs", "tls_bulk", 100, 1000)
+    assert got == {"total": (6040 - 800) / 1000, "openssl": (4400 - 400) / 1000}
+
+
 # ---- datagram, pipe and process parity checks ---------------------------
 
 
