@@ -727,10 +727,53 @@ impl StreamCore {
         Ok(())
     }
 
+    /// When the socket has nothing queued or in flight, the kernel takes
+    /// what it can of the ciphertext straight from the session's memory
+    /// (no copy into the write queue: a third of tls_bulk's copying).
+    /// False if the connection failed meanwhile (nothing more to send).
+    fn tls_send_from_session(&self, py: Python<'_>) -> PyResult<bool> {
+        let sent = self.state.with(py, |st| {
+            let stream = st.stream_ptr()?;
+            if st.base.conn_lost != 0 || !st.writes.is_idle() {
+                return None;
+            }
+            let Reader::Tls(t) = &mut st.reader else { return None };
+            if t.ssl_writing_paused {
+                return None;
+            }
+            let out = t.session.output(py);
+            if out.is_empty() {
+                return None;
+            }
+            let buf = crate::uv::buf(out.as_ptr(), out.len());
+            // SAFETY: the open stream; `buf` points into the session's
+            // output, which nothing changes before the call returns.
+            let n = unsafe { crate::uv::sys::uv_try_write(stream, &buf, 1) };
+            if n > 0 {
+                t.session.consume_output(py, n as usize);
+            } else if n < 0 && n != crate::uv::sys::uv_errno_t_UV_EAGAIN {
+                // As a failed socket write: what was to go is dropped.
+                let all = t.session.output_len(py);
+                t.session.consume_output(py, all);
+            }
+            Some(n)
+        });
+        match sent {
+            Some(n) if n < 0 && n != crate::uv::sys::uv_errno_t_UV_EAGAIN => {
+                self.fatal_error(py, crate::errors::uv_error(n), self.msg_write_error(py))?;
+                Ok(false)
+            }
+            _ => Ok(true),
+        }
+    }
+
     /// sslproto's `_process_outgoing`: the session's ciphertext joins the
     /// socket's write queue (unless `_ssl_protocol.pause_writing()` holds
     /// it in the session).
     fn tls_process_outgoing(&self, py: Python<'_>) -> PyResult<()> {
+        if !self.tls_send_from_session(py)? {
+            return Ok(());
+        }
         let mut out = Vec::new();
         let n = self
             .with_tls(py, |t| if t.ssl_writing_paused { 0 } else { t.session.take_output(py, &mut out) })
