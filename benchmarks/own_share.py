@@ -180,19 +180,25 @@ def main(argv: Optional[List[str]] = None) -> int:
              f"min..max); start-up removed by subtracting a run at "
              f"{BASE_FRACTION:.0%} of the size."
              + (f" Measured ratios from `{a.ratios}`." if a.ratios else ""),
-             "",
-             "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)]
+             ""]
+    notes = (["ceiling = measured / (1 - own share): the zuvrs/uvloop ratio "
+              "if zuvrs's own code (libuv included) took no time at all."] if ratios else [])
+    write_report(lines, head, rows, notes, a.markdown)
+    return 0
+
+
+def write_report(preamble: List[str], head: List[str], rows: List[List[str]], notes: List[str],
+                 markdown: Optional[str]) -> None:
+    """Prints the preamble lines, the table and the notes (and writes them
+    to `markdown` if given)."""
+    lines = preamble + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    if ratios:
-        lines += ["", "ceiling = measured / (1 - own share): the zuvrs/uvloop ratio "
-                  "if zuvrs's own code (libuv included) took no time at all."]
+    lines += [""] + notes if notes else []
     text = "\n".join(lines) + "\n"
     print(text)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
+    if markdown:
+        with open(markdown, "w") as f:
             f.write(text)
-    return 0
 
 
 if __name__ == "__main__":

@@ -93,17 +93,10 @@ def main(argv: Optional[List[str]] = None) -> int:
              "",
              f"perf record -F {a.freq}; {a.repeats} profile pairs per row (median; ceiling "
              f"min..max); start-up removed by subtracting a run at {own_share.BASE_FRACTION:.0%} of the size.",
-             "",
-             "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    lines += ["", "ceiling = plain / (plain + OpenSSL extra): the TLS / plain throughput ratio if "
-              "the TLS run cost nothing beyond the plain run but OpenSSL's records and handshakes."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(text)
+             ""]
+    own_share.write_report(lines, head, rows, [
+        "ceiling = plain / (plain + OpenSSL extra): the TLS / plain throughput ratio if "
+        "the TLS run cost nothing beyond the plain run but OpenSSL's records and handshakes."], a.markdown)
     return 0
 
 
