@@ -173,8 +173,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         f"{r / (1 - med['own']):.2f}x" if r and l == "zuvrs" else ""]
             rows.append(row)
             print("  ".join(row), file=sys.stderr, flush=True)
-    lines = [f"# own-code share: {datetime.now():%Y-%m-%d %H:%M:%S}, python "
-             f"{sys.version.split()[0]}, {os.cpu_count()} cores",
+    lines = [report_title("own-code share"),
              "",
              f"perf record -F {a.freq}; {a.repeats} profiles per row (median, own-code "
              f"min..max); start-up removed by subtracting a run at "
@@ -185,6 +184,11 @@ def main(argv: Optional[List[str]] = None) -> int:
               "if zuvrs's own code (libuv included) took no time at all."] if ratios else [])
     write_report(lines, head, rows, notes, a.markdown)
     return 0
+
+
+def report_title(what: str) -> str:
+    """A report's first line: what, when, which Python, how many cores."""
+    return f"# {what}: {datetime.now():%Y-%m-%d %H:%M:%S}, python {sys.version.split()[0]}, {os.cpu_count()} cores"
 
 
 def write_report(preamble: List[str], head: List[str], rows: List[List[str]], notes: List[str],

@@ -24,7 +24,6 @@ import argparse
 import os
 import statistics
 import sys
-from datetime import datetime
 from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,8 +87,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    f"({min(ceilings):.2f}..{max(ceilings):.2f})"]
             rows.append(row)
             print("  ".join(row), file=sys.stderr, flush=True)
-    lines = [f"# TLS / plain ceiling: {datetime.now():%Y-%m-%d %H:%M:%S}, python "
-             f"{sys.version.split()[0]}, {os.cpu_count()} cores",
+    lines = [own_share.report_title("TLS / plain ceiling"),
              "",
              f"perf record -F {a.freq}; {a.repeats} profile pairs per row (median; ceiling "
              f"min..max); start-up removed by subtracting a run at {own_share.BASE_FRACTION:.0%} of the size.",
