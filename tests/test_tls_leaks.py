@@ -149,3 +149,81 @@ def test_failed_handshakes_leave_nothing_behind(loop, pki):
     for name in ("StreamCore", "SSLTransport", "SocketTransport", "SSLObject", "_SSLSocket", "MemoryBIO"):
         assert types1[name] <= types0[name], grown
     assert sum(types1.values()) - sum(types0.values()) < OBJECT_TOLERANCE, grown
+
+
+def test_a_cancelled_handshake_frees_the_context_at_once(loop, pki):
+    """A connection whose handshake is cut short by a timeout lets go of the
+    SSLContext by the time run_until_complete returns, with no garbage
+    collection (CPython's test_ssl asks this of asyncio: the connection's
+    objects must not wait for the loop's next turn)."""
+    import socket
+    import weakref
+
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    host, port = listener.getsockname()[:2]
+    ctx = client_context(pki)
+
+    async def connect(ctx):
+        with pytest.raises((ConnectionRefusedError, asyncio.TimeoutError)):
+            await asyncio.wait_for(loop.create_connection(asyncio.Protocol, host, port, ssl=ctx,
+                                                          server_hostname="localhost"), 0.1)
+
+    with listener:
+        loop.run_until_complete(connect(ctx))
+        ref = weakref.ref(ctx)
+        del ctx
+    assert ref() is None
+
+
+def test_a_closed_connection_kept_by_its_protocol_frees_the_context_at_once(loop, pki):
+    """A protocol that keeps its TLS transport, which it closes after the
+    peer's close_notify: the SSLContext is gone once run_until_complete
+    returns, with no garbage collection (CPython's test_ssl's
+    test_create_connection_memory_leak, with the peer on the loop)."""
+    import weakref
+
+    sctx = server_context(pki)
+    cctx = client_context(pki)
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport = transport
+            transport.write(b"O")
+
+        def data_received(self, data):
+            self.transport.close()  # close_notify to the client
+
+    class Client(asyncio.Protocol):
+        def __init__(self, got, eof):
+            self.got, self.eof = got, eof
+
+        def connection_made(self, transport):
+            self.transport = transport  # kept, as CPython's test does
+
+        def data_received(self, data):
+            self.got.set_result(data)
+
+        def eof_received(self):
+            self.eof.set_result(True)
+
+    async def serve():
+        return await loop.create_server(Server, "127.0.0.1", 0, ssl=sctx)
+
+    srv = loop.run_until_complete(serve())
+    port = srv.sockets[0].getsockname()[1]
+
+    async def client(ctx):
+        got, eof = loop.create_future(), loop.create_future()
+        transport, _ = await loop.create_connection(lambda: Client(got, eof), "127.0.0.1", port, ssl=ctx,
+                                                    server_hostname="localhost")
+        assert await got == b"O"
+        transport.write(b"hello")
+        await eof
+        transport.close()
+
+    loop.run_until_complete(asyncio.wait_for(client(cctx), 10))
+    ref = weakref.ref(cctx)
+    del cctx
+    assert ref() is None
+    srv.close()
+    loop.run_until_complete(srv.wait_closed())

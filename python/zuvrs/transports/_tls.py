@@ -129,7 +129,6 @@ class SSLTransport(transports._FlowControlMixin, transports.Transport):
     write = CoreMethod("write")
     writelines = CoreMethod("writelines")
     write_eof = CoreMethod("write_eof")  # NotImplementedError, as asyncio's
-    close = CoreMethod("close")
     abort = CoreMethod("abort")
     is_closing = CoreMethod("is_closing")
     pause_reading = CoreMethod("pause_reading")
@@ -159,6 +158,17 @@ class SSLTransport(transports._FlowControlMixin, transports.Transport):
         return f"<{type(self).__name__} fd={self._socket._sock_fd} {state}>"
 
     # -- the application's API ------------------------------------------------------
+
+    def close(self):
+        if not self._core._tls_app_closed():
+            self._core.close()
+            return
+        # Closed again: asyncio's TLS transport then lets go of its
+        # SSLProtocol, and so of the connection's context and SSLObject
+        # (which a protocol keeping its transport would otherwise keep
+        # alive; CPython's test_ssl checks the context is freed).
+        self._sslobj = self._sslcontext = None
+        self._extra = {}
 
     def get_extra_info(self, name, default=None):
         if name in self._extra:

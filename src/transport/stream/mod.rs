@@ -649,6 +649,11 @@ impl StreamCore {
         self.tls_append_write_backlog(py, data)
     }
 
+    /// Whether the TLS application transport is closed (see tls.rs).
+    fn _tls_app_closed(&self, py: Python<'_>) -> bool {
+        self.tls_app_closed(py)
+    }
+
     /// asyncio's name of the TLS state (None for a plain transport).
     fn _tls_state(&self, py: Python<'_>) -> Option<&'static str> {
         self.tls_state_name(py)
@@ -676,6 +681,9 @@ impl StreamCore {
             (st.base.protocol.take(), wrapper)
         });
         drop(old);
+        if transport {
+            self.tls_release_session(py);
+        }
     }
 
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {

@@ -75,7 +75,10 @@ enum AppState {
 }
 
 pub(super) struct Tls {
-    session: TlsSession,
+    /// The connection's records; None once the connection is over
+    /// (`tls_release_session`), when the SSLObject, its context and the
+    /// BIOs are let go while the core waits for libuv's close.
+    session: Option<TlsSession>,
     pub(super) state: TlsState,
     app: AppState,
     /// The application protocol is a BufferedProtocol.
@@ -113,7 +116,12 @@ impl Tls {
     /// queue: the plaintext backlog and ciphertext not yet handed to the
     /// socket (sslproto's `_write_buffer_size + _outgoing.pending`).
     pub(super) fn unsent(&self, py: Python<'_>) -> usize {
-        self.backlog_bytes + self.session.output_len(py)
+        self.backlog_bytes + self.session.as_ref().map_or(0, |s| s.output_len(py))
+    }
+
+    /// The live session (`with_tls` gives only connections that have one).
+    fn session(&mut self) -> &mut TlsSession {
+        self.session.as_mut().expect("with_tls gives connections with a live session only")
     }
 }
 
@@ -127,12 +135,37 @@ enum Next {
 }
 
 impl StreamCore {
-    /// The TLS state, if this is a TLS transport (`f` on it).
+    /// The TLS state, if this is a TLS transport whose session is live (`f`
+    /// on it).
     fn with_tls<R>(&self, py: Python<'_>, f: impl FnOnce(&mut Tls) -> R) -> Option<R> {
+        self.state.with(py, |st| match &mut st.reader {
+            Reader::Tls(tls) if tls.session.is_some() => Some(f(tls)),
+            _ => None,
+        })
+    }
+
+    /// As `with_tls`, also once the connection is over (for what needs
+    /// only its state, not the session).
+    fn with_tls_state<R>(&self, py: Python<'_>, f: impl FnOnce(&mut Tls) -> R) -> Option<R> {
         self.state.with(py, |st| match &mut st.reader {
             Reader::Tls(tls) => Some(f(tls)),
             _ => None,
         })
+    }
+
+    /// The connection is over (its connection_lost ran): the session goes,
+    /// and with it the SSLObject, its context and the BIOs, as asyncio's
+    /// SSLProtocol lets them go then. The core itself lives on until
+    /// libuv's close of the handle, which completes only on the loop's next
+    /// turn (CPython's test_ssl checks that the context is freed once
+    /// run_until_complete returns). What is left answers as a closed TLS
+    /// transport.
+    pub(super) fn tls_release_session(&self, py: Python<'_>) {
+        let session = self.state.with(py, |st| match &mut st.reader {
+            Reader::Tls(tls) => tls.session.take(),
+            _ => None,
+        });
+        drop(session);
     }
 
     pub(super) fn is_tls(&self, py: Python<'_>) -> bool {
@@ -158,7 +191,7 @@ impl StreamCore {
             Opened::NotNative(why) => return Ok(Some(why)),
         };
         let tls = Box::new(Tls {
-            session,
+            session: Some(session),
             state: TlsState::Unwrapped,
             app: if call_connection_made { AppState::Init } else { AppState::Made },
             app_buffered: buffered,
@@ -201,7 +234,7 @@ impl StreamCore {
     }
 
     fn tls_handshake(&self, py: Python<'_>) -> PyResult<()> {
-        let outcome = self.with_tls(py, |t| t.session.handshake(py));
+        let outcome = self.with_tls(py, |t| t.session().handshake(py));
         match outcome {
             None => Ok(()),
             Some(Ok(Handshake::WantRead)) => self.tls_process_outgoing(py),
@@ -254,7 +287,8 @@ impl StreamCore {
     pub(super) fn tls_received(&self, py: Python<'_>, n: usize) -> PyResult<()> {
         let next = self.state.with(py, |st| -> PyResult<Next> {
             let Reader::Tls(t) = &mut st.reader else { return Ok(Next::Nothing) };
-            readbuf::filled(n, |data| t.session.feed(py, data)).unwrap_or(Ok(()))?;
+            let Some(session) = t.session.as_mut() else { return Ok(Next::Nothing) };
+            readbuf::filled(n, |data| session.feed(py, data)).unwrap_or(Ok(()))?;
             Ok(match t.state {
                 TlsState::Handshake => Next::Handshake,
                 TlsState::Wrapped => Next::Read,
@@ -333,8 +367,8 @@ impl StreamCore {
             // contents are handed to the protocol; `filled` < READ_SIZE.
             let buf = unsafe { std::slice::from_raw_parts_mut(mem.add(filled), READ_SIZE - filled) };
             let got = self.with_tls(py, |t| {
-                let got = t.session.read_into(py, buf);
-                (got, t.session.has_pending(py))
+                let got = t.session().read_into(py, buf);
+                (got, t.session().has_pending(py))
             });
             match got {
                 Some((Ok(Decrypted::Data(n)), more)) if n > 0 => {
@@ -386,7 +420,7 @@ impl StreamCore {
     /// sslproto's `_do_read__buffered`; true if close_notify arrived.
     fn tls_read_buffered(&self, py: Python<'_>) -> PyResult<bool> {
         let Some(protocol) = self.protocol(py) else { return Ok(false) };
-        let want = self.with_tls(py, |t| t.session.incoming_len(py)).unwrap_or(0);
+        let want = self.with_tls(py, |t| t.session().incoming_len(py)).unwrap_or(0);
         let buf = python::call_method(protocol.bind(py), python::protocol::get_buffer(py), (want,))?;
         let view = BufferView::get(&buf, true)?;
         let wants = view.len();
@@ -396,7 +430,7 @@ impl StreamCore {
         let mut closed = false;
         let mut again = false;
         while offset < wants {
-            let got = self.with_tls(py, |t| t.session.read_into(py, &mut mem[offset..]));
+            let got = self.with_tls(py, |t| t.session().read_into(py, &mut mem[offset..]));
             match got {
                 Some(Ok(Decrypted::Data(n))) if n > 0 => offset += n,
                 Some(Ok(Decrypted::Closed)) => {
@@ -508,7 +542,7 @@ impl StreamCore {
             if t.eof_received {
                 return Some(Ok(Shutdown::Complete));
             }
-            Some(t.session.shutdown(py))
+            Some(t.session().shutdown(py))
         });
         match outcome.flatten() {
             None => Ok(()),
@@ -606,12 +640,12 @@ impl StreamCore {
     }
 
     fn tls_write_appdata(&self, py: Python<'_>, items: &[Bound<'_, PyAny>]) -> PyResult<()> {
-        let Some((state, dropped)) = self.with_tls(py, |t| (t.state, t.dropped_writes)) else { return Ok(()) };
+        let Some((state, dropped)) = self.with_tls_state(py, |t| (t.state, t.dropped_writes)) else { return Ok(()) };
         if matches!(state, TlsState::Flushing | TlsState::Shutdown | TlsState::Unwrapped) {
             if dropped >= LOG_THRESHOLD_FOR_CONNLOST_WRITES {
                 python::call_method(python::logger(py)?, pyo3::intern!(py, "warning"), ("SSL connection is closed",))?;
             }
-            self.with_tls(py, |t| t.dropped_writes += 1);
+            self.with_tls_state(py, |t| t.dropped_writes += 1);
             return Ok(());
         }
         let mut chunks = Vec::with_capacity(items.len());
@@ -657,8 +691,9 @@ impl StreamCore {
             if t.backlog.is_empty() {
                 return Ok(());
             }
+            let Some(session) = t.session.as_mut() else { return Ok(()) };
             let bufs: Vec<&[u8]> = t.backlog.iter().map(|c| c.remaining()).collect();
-            let (taken, _stopped) = match t.session.write_vectored(py, &bufs) {
+            let (taken, _stopped) = match session.write_vectored(py, &bufs) {
                 Ok(r) => r,
                 Err(err) if tls::is_again(py, &err) => (0, Write::WantRead),
                 Err(err) => return Err(err),
@@ -738,10 +773,10 @@ impl StreamCore {
                 return None;
             }
             let Reader::Tls(t) = &mut st.reader else { return None };
-            if t.ssl_writing_paused {
+            if t.ssl_writing_paused || t.session.is_none() {
                 return None;
             }
-            let out = t.session.output(py);
+            let out = t.session().output(py);
             if out.is_empty() {
                 return None;
             }
@@ -750,11 +785,11 @@ impl StreamCore {
             // output, which nothing changes before the call returns.
             let n = unsafe { crate::uv::sys::uv_try_write(stream, &buf, 1) };
             if n > 0 {
-                t.session.consume_output(py, n as usize);
+                t.session().consume_output(py, n as usize);
             } else if n < 0 && n != crate::uv::sys::uv_errno_t_UV_EAGAIN {
                 // As a failed socket write: what was to go is dropped.
-                let all = t.session.output_len(py);
-                t.session.consume_output(py, all);
+                let all = t.session().output_len(py);
+                t.session().consume_output(py, all);
             }
             Some(n)
         });
@@ -776,7 +811,7 @@ impl StreamCore {
         }
         let mut out = Vec::new();
         let n = self
-            .with_tls(py, |t| if t.ssl_writing_paused { 0 } else { t.session.take_output(py, &mut out) })
+            .with_tls(py, |t| if t.ssl_writing_paused { 0 } else { t.session().take_output(py, &mut out) })
             .unwrap_or(0);
         if n > 0 {
             // A lost socket drops what it is given, as asyncio's socket
@@ -888,7 +923,7 @@ impl StreamCore {
     /// too much ciphertext waits to be decrypted (the application paused).
     fn tls_control_reading(&self, py: Python<'_>) -> PyResult<()> {
         let change = self.with_tls(py, |t| {
-            let size = t.session.incoming_len(py);
+            let size = t.session().incoming_len(py);
             if size >= t.read_high && !t.ssl_reading_paused {
                 t.ssl_reading_paused = true;
                 Some(true)
@@ -911,19 +946,19 @@ impl StreamCore {
 
     /// The application's pause_reading(): decrypting stops.
     pub(super) fn tls_pause_reading(&self, py: Python<'_>) {
-        self.with_tls(py, |t| t.app_reading_paused = true);
+        self.with_tls_state(py, |t| t.app_reading_paused = true);
     }
 
     /// The application's resume_reading(): decrypting goes on, from the
     /// next turn (sslproto's `call_soon(resume)`).
     pub(super) fn tls_resume_reading(&self, py: Python<'_>) {
-        if self.with_tls(py, |t| std::mem::replace(&mut t.app_reading_paused, false)) == Some(true) {
+        if self.with_tls_state(py, |t| std::mem::replace(&mut t.app_reading_paused, false)) == Some(true) {
             self.ask_before_poll(py, true);
         }
     }
 
     pub(super) fn tls_is_reading(&self, py: Python<'_>) -> bool {
-        self.with_tls(py, |t| !t.app_reading_paused).unwrap_or(false)
+        self.with_tls_state(py, |t| !t.app_reading_paused).unwrap_or(false)
     }
 
     /// The work asked for before the poll: a resumed or pending read, and
@@ -993,15 +1028,22 @@ impl StreamCore {
     /// The application's close(): the TLS shutdown (a second close() is a
     /// no-op).
     pub(super) fn tls_close(&self, py: Python<'_>) -> PyResult<()> {
-        if self.with_tls(py, |t| t.app_closed) == Some(true) {
+        if self.with_tls_state(py, |t| t.app_closed) == Some(true) {
             return Ok(());
         }
         self.tls_start_shutdown(py)
     }
 
+    /// The application's transport is closed (closed or aborted, its peer
+    /// began the shutdown, or the connection is over): sslproto's
+    /// `_SSLProtocolTransport._closed`. True for a plain transport.
+    pub(super) fn tls_app_closed(&self, py: Python<'_>) -> bool {
+        self.with_tls_state(py, |t| t.app_closed).unwrap_or(true)
+    }
+
     /// The application's abort().
     pub(super) fn tls_app_abort(&self, py: Python<'_>) -> PyResult<()> {
-        self.with_tls(py, |t| t.app_closed = true);
+        self.with_tls_state(py, |t| t.app_closed = true);
         self.tls_abort(py)
     }
 
@@ -1021,8 +1063,8 @@ impl StreamCore {
             t.app_closed = true;
             t.backlog_bytes = 0;
             // sslproto's `self._outgoing.read()`.
-            let n = t.session.output_len(py);
-            t.session.consume_output(py, n);
+            let n = t.session().output_len(py);
+            t.session().consume_output(py, n);
             (due, std::mem::take(&mut t.backlog))
         });
         match dropped {
@@ -1045,7 +1087,7 @@ impl StreamCore {
     }
 
     pub(super) fn tls_state_name(&self, py: Python<'_>) -> Option<&'static str> {
-        self.with_tls(py, |t| match t.state {
+        self.with_tls_state(py, |t| match t.state {
             TlsState::Handshake => "DO_HANDSHAKE",
             TlsState::Wrapped => "WRAPPED",
             TlsState::Flushing => "FLUSHING",
@@ -1056,7 +1098,7 @@ impl StreamCore {
 
     /// asyncio's read buffer limits of a TLS transport (checked in Python).
     pub(super) fn tls_set_read_limits(&self, py: Python<'_>, high: usize, low: usize) -> PyResult<()> {
-        self.with_tls(py, |t| {
+        self.with_tls_state(py, |t| {
             t.read_high = high;
             t.read_low = low;
         });
@@ -1064,16 +1106,16 @@ impl StreamCore {
     }
 
     pub(super) fn tls_read_limits(&self, py: Python<'_>) -> (usize, usize) {
-        self.with_tls(py, |t| (t.read_low, t.read_high)).unwrap_or((0, 0))
+        self.with_tls_state(py, |t| (t.read_low, t.read_high)).unwrap_or((0, 0))
     }
 
     /// Ciphertext received and not yet decrypted.
     pub(super) fn tls_read_buffer_size(&self, py: Python<'_>) -> usize {
-        self.with_tls(py, |t| t.session.incoming_len(py)).unwrap_or(0)
+        self.with_tls(py, |t| t.session().incoming_len(py)).unwrap_or(0)
     }
 
     /// The application protocol changes (set_protocol, sendfile's fallback).
     pub(super) fn tls_set_app_buffered(&self, py: Python<'_>, buffered: bool) {
-        self.with_tls(py, |t| t.app_buffered = buffered);
+        self.with_tls_state(py, |t| t.app_buffered = buffered);
     }
 }
