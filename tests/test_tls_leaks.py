@@ -16,7 +16,7 @@ import os
 
 import pytest
 from _support import RecordingProtocol, fd_count, rss_bytes, run
-from _tls_support import MiB, assert_tls_path, client_context, server_context
+from _tls_support import SSLPROTO_311, MiB, assert_tls_path, client_context, server_context
 
 pytest.importorskip("cryptography")
 from _tls_certs import make_pki  # noqa: E402
@@ -175,6 +175,7 @@ def test_a_cancelled_handshake_frees_the_context_at_once(loop, pki):
     assert ref() is None
 
 
+@SSLPROTO_311
 def test_a_closed_connection_kept_by_its_protocol_frees_the_context_at_once(loop, pki):
     """A protocol that keeps its TLS transport, which it closes after the
     peer's close_notify: the SSLContext is gone once run_until_complete
