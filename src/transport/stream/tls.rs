@@ -35,13 +35,14 @@ use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
 use super::writer::{to_chunk, Chunk};
 use super::Reader;
 use super::StreamCore;
-use crate::errors::is_fatal_base;
+use crate::errors::{is_fatal_base, uv_error};
 use crate::eventloop::ClientPtr;
 use crate::python;
 use crate::tls::{self, Decrypted, Handshake, Opened, Shutdown, TlsSession, Write};
 use crate::transport::base::{Transport, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
 use crate::transport::buffer::BufferView;
 use crate::transport::readbuf::{self, READ_SIZE};
+use crate::uv::{self, sys};
 
 /// asyncio's water marks for TLS: writes (FLOW_CONTROL_HIGH_WATER_SSL_WRITE)
 /// and ciphertext received but not yet decrypted (..._SSL_READ), in bytes.
@@ -767,38 +768,42 @@ impl StreamCore {
     /// (no copy into the write queue: a third of tls_bulk's copying).
     /// False if the connection failed meanwhile (nothing more to send).
     fn tls_send_from_session(&self, py: Python<'_>) -> PyResult<bool> {
-        let sent = self.state.with(py, |st| {
+        let failed = self.state.with(py, |st| {
             let stream = st.stream_ptr()?;
             if st.base.conn_lost != 0 || !st.writes.is_idle() {
                 return None;
             }
             let Reader::Tls(t) = &mut st.reader else { return None };
-            if t.ssl_writing_paused || t.session.is_none() {
+            if t.ssl_writing_paused {
                 return None;
             }
-            let out = t.session().output(py);
+            let session = t.session.as_mut()?;
+            let out = session.output(py);
             if out.is_empty() {
                 return None;
             }
-            let buf = crate::uv::buf(out.as_ptr(), out.len());
+            let buf = uv::buf(out.as_ptr(), out.len());
             // SAFETY: the open stream; `buf` points into the session's
             // output, which nothing changes before the call returns.
-            let n = unsafe { crate::uv::sys::uv_try_write(stream, &buf, 1) };
-            if n > 0 {
-                t.session().consume_output(py, n as usize);
-            } else if n < 0 && n != crate::uv::sys::uv_errno_t_UV_EAGAIN {
-                // As a failed socket write: what was to go is dropped.
-                let all = t.session().output_len(py);
-                t.session().consume_output(py, all);
+            let n = unsafe { sys::uv_try_write(stream, &buf, 1) };
+            if n == sys::uv_errno_t_UV_EAGAIN {
+                return None;
             }
+            if n >= 0 {
+                session.consume_output(py, n as usize);
+                return None;
+            }
+            // As a failed socket write: what was to go is dropped.
+            let all = session.output_len(py);
+            session.consume_output(py, all);
             Some(n)
         });
-        match sent {
-            Some(n) if n < 0 && n != crate::uv::sys::uv_errno_t_UV_EAGAIN => {
-                self.fatal_error(py, crate::errors::uv_error(n), self.msg_write_error(py))?;
+        match failed {
+            Some(code) => {
+                self.fatal_error(py, uv_error(code), self.msg_write_error(py))?;
                 Ok(false)
             }
-            _ => Ok(true),
+            None => Ok(true),
         }
     }
 
