@@ -8,6 +8,7 @@
 //! - `net`: socket addresses, name resolution, TCP set-up
 //! - `tls`: the TLS engine (OpenSSL records on a stdlib SSLObject's `SSL *`)
 //! - `transport`: the native halves of asyncio transports
+//! - `streams`: asyncio's StreamReader and StreamWriter, natively
 //!
 //! and this file, the `_zuvrs` module.
 
@@ -17,6 +18,7 @@ mod eventloop;
 mod handles;
 mod net;
 mod python;
+mod streams;
 mod tls;
 mod transport;
 mod uv;
@@ -35,6 +37,7 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<net::tcp::Acceptor>()?;
     m.add_class::<net::tcp::Connecting>()?;
     m.add_class::<tls::TlsEngine>()?;
+    streams::register(m)?;
     eventloop::install_fast_methods(m.py())?;
     m.add_function(wrap_pyfunction!(libuv_version, m)?)?;
     m.add_function(wrap_pyfunction!(net::dns::numeric_addrinfo, m)?)?;

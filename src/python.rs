@@ -68,7 +68,24 @@ pub(crate) mod event_loop {
 
 /// asyncio.Future's methods.
 pub(crate) mod future {
-    names!(done, cancelled, set_result, set_exception);
+    names!(done, cancelled, result, set_result, set_exception, _asyncio_future_blocking);
+}
+
+/// What the native streams (src/streams) call on the objects a stream holds:
+/// its transport, and the flow-control state of asyncio's stream protocols.
+pub(crate) mod streams {
+    names!(
+        pause_reading,
+        resume_reading,
+        write,
+        writelines,
+        is_closing,
+        exception,
+        _paused,
+        _connection_lost,
+        _drain_helper,
+        _drain_coroutine,
+    );
 }
 
 /// socket.socket's methods and attributes.
@@ -115,6 +132,8 @@ struct Imports {
     base_event_loop: Py<PyAny>,
     format_helpers: Py<PyModule>,
     getsizeof: Py<PyAny>,
+    /// asyncio.streams' pieces the native streams defer to or raise.
+    streams: StreamsImports,
     /// socket.AddressFamily / SocketKind members (their lookup through the
     /// enums costs more than the rest of a getaddrinfo answer).
     af_inet: Py<PyAny>,
@@ -122,6 +141,15 @@ struct Imports {
     sock_stream: Py<PyAny>,
     sock_dgram: Py<PyAny>,
     sock_raw: Py<PyAny>,
+}
+
+/// From asyncio: the exceptions stream reads raise, and the Python code the
+/// native streams hand over to where they take no shortcut.
+pub(crate) struct StreamsImports {
+    pub(crate) incomplete_read_error: Py<PyAny>,
+    pub(crate) limit_overrun_error: Py<PyAny>,
+    /// `asyncio.streams.FlowControlMixin._drain_helper`.
+    pub(crate) drain_helper: Py<PyAny>,
 }
 
 static IMPORTS: PyOnceLock<Imports> = PyOnceLock::new();
@@ -137,6 +165,15 @@ fn imports(py: Python<'_>) -> PyResult<&Imports> {
             base_event_loop: py.import("asyncio")?.getattr("BaseEventLoop")?.unbind(),
             format_helpers: py.import("asyncio.format_helpers")?.unbind(),
             getsizeof: py.import("sys")?.getattr("getsizeof")?.unbind(),
+            streams: {
+                let exceptions = py.import("asyncio.exceptions")?;
+                let streams = py.import("asyncio.streams")?;
+                StreamsImports {
+                    incomplete_read_error: attr(&exceptions, "IncompleteReadError")?,
+                    limit_overrun_error: attr(&exceptions, "LimitOverrunError")?,
+                    drain_helper: streams.getattr("FlowControlMixin")?.getattr("_drain_helper")?.unbind(),
+                }
+            },
             af_inet: attr(&socket, "AF_INET")?,
             af_inet6: attr(&socket, "AF_INET6")?,
             sock_stream: attr(&socket, "SOCK_STREAM")?,
@@ -175,6 +212,11 @@ pub(crate) fn base_event_loop(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
 /// `asyncio.format_helpers`.
 pub(crate) fn format_helpers(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     Ok(imports(py)?.format_helpers.bind(py))
+}
+
+/// What the native streams take from asyncio.
+pub(crate) fn streams(py: Python<'_>) -> PyResult<&StreamsImports> {
+    Ok(&imports(py)?.streams)
 }
 
 /// `sys.getsizeof`.

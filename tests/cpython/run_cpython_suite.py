@@ -17,7 +17,10 @@ ship separately, e.g. Debian's ``libpython3.X-testsuite``)::
     python3 tests/cpython/run_cpython_suite.py --json out.json  # every test's outcome and traceback
 
 Other options: ``--dev`` (children under ``-X dev``: asyncio debug mode),
-``--replace-testloop`` (see below), ``--snapshot`` (run on a private copy
+``--replace-testloop`` (see below), ``--native-streams`` (asyncio's
+StreamReader, StreamReaderProtocol, StreamWriter and the four stream
+functions replaced by zuvrs.streams', in asyncio and asyncio.streams, on
+every loop), ``--snapshot`` (run on a private copy
 of the installed zuvrs, so a reinstall during the run cannot mix builds;
 the zuvrs build each run imported is printed either way),
 ``--test-timeout``/``--module-timeout``, ``--log`` (the children's
@@ -255,6 +258,20 @@ def _replace_testloop(factory):
     test_utils.TestCase.new_test_loop = new_test_loop
 
 
+def _patch_native_streams():
+    """asyncio's stream classes and functions replaced with zuvrs.streams'
+    (for every loop: the classes work on any transport)."""
+    import asyncio
+    import asyncio.streams
+
+    import zuvrs.streams as native
+
+    for name in ("StreamReader", "StreamReaderProtocol", "StreamWriter", "open_connection", "start_server",
+                 "open_unix_connection", "start_unix_server"):
+        setattr(asyncio, name, getattr(native, name))
+        setattr(asyncio.streams, name, getattr(native, name))
+
+
 def _iter_tests(suite):
     for item in suite:
         if isinstance(item, unittest.TestSuite):
@@ -346,6 +363,8 @@ def child_main(args):
     factory = _loop_under_test(args.loop)
     if args.replace_testloop:
         _replace_testloop(factory)
+    if args.native_streams:
+        _patch_native_streams()
     import importlib
 
     module = importlib.import_module(args.child)
@@ -398,6 +417,8 @@ def run_module(module, loop, args, log, env=None, seen=None):
             ]
             if args.replace_testloop:
                 cmd.append("--replace-testloop")
+            if args.native_streams:
+                cmd.append("--native-streams")
             for s in args.only or ():
                 cmd += ["--only", s]
             open(out_path, "w").close()
@@ -524,6 +545,11 @@ def main(argv=None):
     p.add_argument("--only", action="append", help="run only tests whose id contains this (repeatable)")
     p.add_argument("--replace-testloop", action="store_true", help="new_test_loop() without gen -> loop under test")
     p.add_argument("--dev", action="store_true", help="run the tests under -X dev (asyncio debug mode, more warnings)")
+    p.add_argument(
+        "--native-streams",
+        action="store_true",
+        help="asyncio's stream classes and functions replaced by zuvrs.streams' (on every loop)",
+    )
     p.add_argument("--test-timeout", type=float, default=60.0, help="per-test watchdog, seconds")
     p.add_argument("--module-timeout", type=float, default=600.0, help="per-module limit, seconds")
     p.add_argument("--failures", action="store_true", help="print every failure's traceback")

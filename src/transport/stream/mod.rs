@@ -8,6 +8,8 @@
 //! - writer.rs: the write queue, batched per loop turn, and flow control
 //! - tls.rs: the TLS reader (records done natively; asyncio's sslproto
 //!   semantics) and its writes
+//! - sink.rs: `ReadSink`, native code that takes a protocol's reads instead
+//!   of its `data_received` (the native asyncio streams of src/streams)
 //!
 //! Life of the handle: `open` allocates it and keeps a strong reference to
 //! the core in the handle's box, so the core lives while libuv may call
@@ -15,8 +17,11 @@
 //! calls `uv_close`, whose callback frees the box and that reference.
 
 mod reader;
+mod sink;
 mod tls;
 mod writer;
+
+pub(crate) use sink::ReadSink;
 
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError};
 use pyo3::prelude::*;
@@ -28,6 +33,7 @@ use crate::python;
 use crate::transport::base::{self, CoreBox, HasBase, Transport, TransportBase};
 use crate::transport::buffer::BufferView;
 use crate::uv::{sys, UvHandle};
+use sink::Sink;
 use writer::WriteQueue;
 
 /// The libuv stream behind a transport: TCP, or a pipe for Unix sockets.
@@ -105,6 +111,8 @@ pub(crate) struct StreamState {
     sendfile_in_progress: bool,
     /// Writes dropped before connection_lost was scheduled (pipes).
     dropped_writes: u32,
+    /// Native code that takes the reads meant for one protocol (sink.rs).
+    sink: Option<Sink>,
 }
 
 impl HasBase for StreamState {
@@ -352,6 +360,7 @@ impl StreamCore {
                     drain_waiter: None,
                     sendfile_in_progress: false,
                     dropped_writes: 0,
+                    sink: None,
                 }),
             },
         )?;
@@ -424,7 +433,7 @@ impl StreamCore {
         self.state.with(py, |st| !st.base.paused && !st.base.closing)
     }
 
-    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+    pub(crate) fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         if self.is_tls(py) {
             return self.tls_write(py, data);
         }
@@ -432,7 +441,7 @@ impl StreamCore {
     }
 
     /// Writes every item, or nothing if one of them is not bytes-like.
-    fn writelines(&self, py: Python<'_>, list_of_data: &Bound<'_, PyAny>) -> PyResult<()> {
+    pub(crate) fn writelines(&self, py: Python<'_>, list_of_data: &Bound<'_, PyAny>) -> PyResult<()> {
         if self.is_tls(py) {
             return self.tls_writelines(py, list_of_data);
         }
@@ -486,7 +495,7 @@ impl StreamCore {
         self.force_close(py, exc)
     }
 
-    fn is_closing(&self, py: Python<'_>) -> bool {
+    pub(crate) fn is_closing(&self, py: Python<'_>) -> bool {
         self.state.with(py, |st| match &st.reader {
             // 3.14's TLS transport is also closing when its socket is.
             Reader::Tls(t) => t.app_closed || (cfg!(Py_3_14) && st.base.closing),
@@ -560,7 +569,7 @@ impl StreamCore {
                 Reader::Tls(_) => {}
                 reader => *reader = Reader::for_protocol(buffered),
             }
-            st.base.protocol.replace(protocol)
+            (st.base.protocol.replace(protocol), st.sink.take())
         });
         drop(old);
         self.tls_set_app_buffered(py, buffered);
@@ -678,7 +687,7 @@ impl StreamCore {
     fn _forget_protocol(&self, py: Python<'_>, transport: bool) {
         let old = self.state.with(py, |st| {
             let wrapper = transport.then(|| std::mem::replace(&mut st.base.wrapper, py.None()));
-            (st.base.protocol.take(), wrapper)
+            (st.base.protocol.take(), wrapper, st.sink.take())
         });
         drop(old);
         if transport {
@@ -691,6 +700,9 @@ impl StreamCore {
         unsafe {
             self.state.peek(|st| {
                 st.base.visit(&visit)?;
+                if let Some(sink) = &st.sink {
+                    sink.visit(&visit)?;
+                }
                 visit.call(&st.drain_waiter)
             })
         }

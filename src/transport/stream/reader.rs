@@ -170,12 +170,19 @@ impl StreamCore {
         }
     }
 
-    /// Hands `n` bytes from the read buffer to `protocol.data_received`.
+    /// Hands `n` bytes from the read buffer to `protocol.data_received`, or
+    /// to the sink that takes the protocol's reads (sink.rs).
     fn deliver(&self, py: Python<'_>, n: usize) -> PyResult<()> {
-        let Some(protocol) = self.protocol(py) else { return Ok(()) };
-        let Some(bytes) = readbuf::take(py, n) else { return Ok(()) };
-        let result = python::call_method(protocol.bind(py), python::protocol::data_received(py), (&bytes,));
-        readbuf::give_back(bytes);
+        let result = match self.sink(py) {
+            Some(sink) => self.deliver_to_sink(py, &*sink, n),
+            None => {
+                let Some(protocol) = self.protocol(py) else { return Ok(()) };
+                let Some(bytes) = readbuf::take(py, n) else { return Ok(()) };
+                let result = python::call_method(protocol.bind(py), python::protocol::data_received(py), (&bytes,));
+                readbuf::give_back(bytes);
+                result.map(drop)
+            }
+        };
         match result {
             Ok(_) => Ok(()),
             Err(err) if is_fatal_base(py, &err) => Err(err),

@@ -397,11 +397,18 @@ impl StreamCore {
         }
     }
 
-    /// `data_received` with what was read: the `last` bytes at the start of
-    /// the read buffer, after those `joined` before them.
+    /// `data_received` (or the protocol's sink) with what was read: the
+    /// `last` bytes at the start of the read buffer, after those `joined`
+    /// before them.
     fn tls_deliver(&self, py: Python<'_>, last: usize, mut joined: Vec<u8>) -> PyResult<()> {
         if last == 0 && joined.is_empty() {
             return Ok(());
+        }
+        if let Some(sink) = self.sink(py) {
+            if !joined.is_empty() {
+                sink.take(py, &joined)?;
+            }
+            return self.deliver_to_sink(py, &*sink, last);
         }
         let Some(protocol) = self.protocol(py) else { return Ok(()) };
         let data = if joined.is_empty() {

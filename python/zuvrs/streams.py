@@ -1,0 +1,275 @@
+"""Native asyncio streams.
+
+``StreamReader``, ``StreamReaderProtocol`` and ``StreamWriter`` here are
+subclasses of asyncio's own classes (``isinstance`` checks and type hints
+hold) whose per-read and per-write work is native (src/streams):
+
+- ``StreamReader``: the buffer (a real ``bytearray``, ``_buffer``), limit,
+  EOF, exception and waiter are native, and so are ``read``,
+  ``readexactly``, ``readline``, ``readuntil`` (a tuple of separators from
+  3.13), ``__anext__``, ``feed_data``, ``feed_eof``, ``at_eof``,
+  ``exception`` and ``set_exception``. A read the buffer can satisfy
+  completes without creating a future. The reads return awaitables with the
+  coroutine protocol, which do what asyncio's coroutines do, error for error.
+- ``StreamReaderProtocol``: on a zuvrs transport (TCP, Unix, TLS), the
+  transport appends what it reads to the reader directly, with no
+  ``data_received`` frame; flow control is asyncio's (reading pauses above
+  twice the limit and resumes at or below it).
+- ``StreamWriter``: ``write`` / ``writelines`` go straight to a zuvrs
+  transport's core, and ``drain()`` is complete at once (no coroutine frame)
+  when writing is not paused and there is nothing to raise.
+
+They work on any loop and transport (what is not a zuvrs transport is fed
+through ``data_received`` as in asyncio). Use them through this module's
+``open_connection``, ``start_server``, ``open_unix_connection`` and
+``start_unix_server`` (asyncio's signatures and results), or ``install()``,
+which makes asyncio's own four functions use them whenever the running loop
+is a zuvrs loop (``uninstall()`` undoes it). Importing zuvrs changes nothing
+in asyncio.
+
+A subclass of ``StreamReader`` that overrides one of the methods others are
+built on (``readuntil``, ``feed_data``, ``_wait_for_data``, ...) gets
+asyncio's own versions of the methods that depend on it, so its override is
+called as it would be under asyncio.
+"""
+
+import asyncio
+import collections.abc
+import functools
+import sys
+from asyncio import coroutines, events
+from asyncio import streams as _aio
+from collections.abc import Awaitable, Callable
+from typing import Any, Union
+
+from . import _zuvrs
+from .transports import SocketTransport
+from .transports._tls import SSLTransport
+
+__all__ = (
+    "StreamReader",
+    "StreamReaderProtocol",
+    "StreamWriter",
+    "open_connection",
+    "start_server",
+    "open_unix_connection",
+    "start_unix_server",
+    "install",
+    "uninstall",
+    "installed",
+)
+
+_DEFAULT_LIMIT = 2**16  # asyncio's
+
+# A server's callback: a function or coroutine function of (reader, writer).
+_ClientConnected = Callable[["StreamReader", "StreamWriter"], Union[Awaitable[None], None]]
+
+# The reads' awaitables are coroutines as far as asyncio can tell.
+collections.abc.Coroutine.register(_zuvrs.StreamRead)
+collections.abc.Coroutine.register(_zuvrs.Completed)
+
+# Transports whose core can feed a reader natively.
+_NATIVE_STREAM_TRANSPORTS = (SocketTransport, SSLTransport)
+_attach_reader = _zuvrs.attach_reader
+
+# Which methods each native one stands in for asyncio's on top of: when a
+# subclass overrides one of those, the method is asyncio's for it.
+_BUILT_ON = {
+    "readuntil": ("_wait_for_data", "_maybe_resume_transport"),
+    "read": ("_wait_for_data", "_maybe_resume_transport"),
+    "readexactly": ("_wait_for_data", "_maybe_resume_transport"),
+    "readline": ("readuntil", "_wait_for_data", "_maybe_resume_transport"),
+    "__anext__": ("readline",),
+    "feed_data": ("_wakeup_waiter",),
+    "feed_eof": ("_wakeup_waiter",),
+}
+
+
+class StreamReader(_zuvrs.StreamReaderCore, _aio.StreamReader):
+    """asyncio.StreamReader with its state and reads native."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name, bases in _BUILT_ON.items():
+            if name in cls.__dict__:
+                continue
+            if any(getattr(cls, base) is not getattr(StreamReader, base) for base in bases):
+                setattr(cls, name, getattr(_aio.StreamReader, name))
+
+
+class StreamReaderProtocol(_aio.StreamReaderProtocol):
+    """asyncio.StreamReaderProtocol whose zuvrs transport feeds a native
+    reader directly, and whose server connections get zuvrs writers."""
+
+    def connection_made(self, transport):
+        # asyncio's steps without the server's (they would make asyncio's
+        # own writer): the rejection check, the transport given to the
+        # protocol and the reader.
+        client_connected_cb = self._client_connected_cb
+        self._client_connected_cb = None
+        try:
+            super().connection_made(transport)
+        finally:
+            self._client_connected_cb = client_connected_cb
+        if self._transport is not transport:
+            return  # rejected (and aborted)
+        reader = self._stream_reader
+        if (
+            reader is not None
+            and isinstance(transport, _NATIVE_STREAM_TRANSPORTS)
+            and type(reader).feed_data is StreamReader.feed_data
+            and type(self).data_received is _aio.StreamReaderProtocol.data_received
+        ):
+            _attach_reader(transport._core, self, reader)
+        if client_connected_cb is not None:
+            self._serve(transport, reader, client_connected_cb)
+
+    def _serve(self, transport, reader, client_connected_cb):
+        """A server's connection: the writer, and the callback run (a
+        coroutine as a task), as asyncio does on this Python."""
+        writer = StreamWriter(transport, self, reader, self._loop)
+        if _KEEPS_SERVER_WRITER:
+            self._stream_writer = writer
+        res = client_connected_cb(reader, writer)
+        if coroutines.iscoroutine(res):
+            self._task = self._loop.create_task(res)
+            if _REPORTS_HANDLER_FAILURE:
+                self._task.add_done_callback(functools.partial(_handler_done, self._loop, transport))
+        self._strong_reader = None
+
+
+# Up to 3.12 the protocol keeps the server's writer; from 3.11 a handler
+# that fails is reported and its transport closed; from 3.13 a cancelled one
+# closes it too.
+_KEEPS_SERVER_WRITER = sys.version_info < (3, 13)
+_REPORTS_HANDLER_FAILURE = sys.version_info >= (3, 11)
+_CANCELLED_HANDLER_CLOSES = sys.version_info >= (3, 13)
+
+
+def _handler_done(loop, transport, task):
+    if _CANCELLED_HANDLER_CLOSES and task.cancelled():
+        transport.close()
+        return
+    exc = task.exception()
+    if exc is not None:
+        loop.call_exception_handler(
+            {"message": "Unhandled exception in client_connected_cb", "exception": exc, "transport": transport}
+        )
+        transport.close()
+
+
+class StreamWriter(_zuvrs.StreamWriterCore, _aio.StreamWriter):
+    """asyncio.StreamWriter whose write, writelines and drain are native."""
+
+    # What drain() returns when it has to wait or raise.
+    _drain_coroutine = _aio.StreamWriter.drain
+
+
+# -- the four functions -------------------------------------------------------
+
+
+async def open_connection(
+    host: Any = None, port: Any = None, *, limit: int = _DEFAULT_LIMIT, **kwds: Any
+) -> tuple[StreamReader, StreamWriter]:
+    """asyncio.open_connection with native streams."""
+    loop = events.get_running_loop()
+    reader = StreamReader(limit=limit, loop=loop)
+    protocol = StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await loop.create_connection(lambda: protocol, host, port, **kwds)
+    writer = StreamWriter(transport, protocol, reader, loop)
+    return reader, writer
+
+
+async def start_server(
+    client_connected_cb: _ClientConnected, host: Any = None, port: Any = None, *, limit: int = _DEFAULT_LIMIT,
+    **kwds: Any,
+) -> asyncio.Server:
+    """asyncio.start_server with native streams."""
+    loop = events.get_running_loop()
+    return await loop.create_server(_protocol_factory(client_connected_cb, limit, loop), host, port, **kwds)
+
+
+async def open_unix_connection(
+    path: Any = None, *, limit: int = _DEFAULT_LIMIT, **kwds: Any
+) -> tuple[StreamReader, StreamWriter]:
+    """asyncio.open_unix_connection with native streams."""
+    loop = events.get_running_loop()
+    reader = StreamReader(limit=limit, loop=loop)
+    protocol = StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await loop.create_unix_connection(lambda: protocol, path, **kwds)
+    writer = StreamWriter(transport, protocol, reader, loop)
+    return reader, writer
+
+
+async def start_unix_server(
+    client_connected_cb: _ClientConnected, path: Any = None, *, limit: int = _DEFAULT_LIMIT, **kwds: Any
+) -> asyncio.Server:
+    """asyncio.start_unix_server with native streams."""
+    loop = events.get_running_loop()
+    return await loop.create_unix_server(_protocol_factory(client_connected_cb, limit, loop), path, **kwds)
+
+
+def _protocol_factory(client_connected_cb, limit, loop):
+    def factory():
+        reader = StreamReader(limit=limit, loop=loop)
+        return StreamReaderProtocol(reader, client_connected_cb, loop=loop)
+
+    return factory
+
+
+# -- install() ------------------------------------------------------------------
+
+_FUNCTIONS = {
+    "open_connection": open_connection,
+    "start_server": start_server,
+    "open_unix_connection": open_unix_connection,
+    "start_unix_server": start_unix_server,
+}
+
+# name -> asyncio's function, while installed.
+_replaced: dict[str, Any] = {}
+
+
+def _on_zuvrs_loops(name, native, original):
+    """asyncio's function `name`, which is `native` when the running loop
+    is a zuvrs loop."""
+    from ._loop import Loop
+
+    @functools.wraps(original)
+    async def dispatch(*args, **kwargs):
+        if isinstance(events.get_running_loop(), Loop):
+            return await native(*args, **kwargs)
+        return await original(*args, **kwargs)
+
+    dispatch._zuvrs_native = native
+    return dispatch
+
+
+def install() -> None:
+    """Makes asyncio's open_connection, start_server, open_unix_connection
+    and start_unix_server use native streams whenever the running loop is a
+    zuvrs loop (other loops get asyncio's as before). Call it before code
+    that imported those functions by name (``from asyncio import
+    open_connection``) has done so, or that code keeps asyncio's."""
+    for name, native in _FUNCTIONS.items():
+        if name in _replaced:
+            continue
+        original = getattr(_aio, name)
+        dispatch = _on_zuvrs_loops(name, native, original)
+        _replaced[name] = original
+        setattr(_aio, name, dispatch)
+        setattr(asyncio, name, dispatch)
+
+
+def uninstall() -> None:
+    """Puts asyncio's own functions back (where install() put its own)."""
+    for name, original in list(_replaced.items()):
+        for module in (_aio, asyncio):
+            if getattr(getattr(module, name), "_zuvrs_native", None) is _FUNCTIONS[name]:
+                setattr(module, name, original)
+        del _replaced[name]
+
+
+def installed() -> bool:
+    """Whether install() is in force."""
+    return bool(_replaced)

@@ -1,0 +1,46 @@
+//! Native asyncio streams: the cores of `zuvrs.streams.StreamReader` and
+//! `StreamWriter` (python/zuvrs/streams.py), whose classes derive from
+//! these and from asyncio's own, so they are asyncio's classes with the
+//! per-read and per-write work done here.
+//!
+//! - reader.rs: `ReaderCore`, a StreamReader's buffer, limit, EOF,
+//!   exception and waiter, and `feed_data` and friends
+//! - ops.rs: the awaitables the reads return (`StreamRead`), and the
+//!   already complete one a drain with nothing to wait for returns
+//! - writer.rs: `WriterCore`, write and writelines straight to the
+//!   transport's core, drain without a coroutine frame
+//!
+//! A zuvrs transport feeds a reader without Python: `attach_reader` makes
+//! the reader the sink of its protocol's reads (transport/stream/sink.rs).
+//! This layer sits above the transports.
+
+mod ops;
+mod reader;
+mod writer;
+
+use pyo3::prelude::*;
+
+pub(crate) use ops::{Completed, ReadOp};
+pub(crate) use reader::ReaderCore;
+pub(crate) use writer::WriterCore;
+
+use crate::transport::stream::StreamCore;
+
+/// From now on the reads the transport of `core` has for `protocol` are
+/// appended to `reader` natively, as `protocol.data_received` would feed
+/// them (python/zuvrs/streams.py attaches only where that is all it does).
+#[pyfunction]
+pub(crate) fn attach_reader(py: Python<'_>, core: &Bound<'_, StreamCore>, protocol: Py<PyAny>, reader: Py<ReaderCore>) {
+    core.get().attach_sink(py, protocol, reader::sink(reader));
+}
+
+/// The stream classes and functions of the `_zuvrs` module.
+pub(crate) fn register(m: &Bound<'_, pyo3::types::PyModule>) -> PyResult<()> {
+    m.add_class::<ReaderCore>()?;
+    m.add_class::<WriterCore>()?;
+    m.add_class::<ReadOp>()?;
+    m.add_class::<Completed>()?;
+    m.add_function(wrap_pyfunction!(attach_reader, m)?)?;
+    ops::install_slots(m.py());
+    Ok(())
+}

@@ -1,0 +1,761 @@
+//! The awaitables a native StreamReader's reads return (`StreamRead`).
+//!
+//! `reader.readline()` and the other reads are coroutines in asyncio; here
+//! each returns a `StreamRead`, an object with the coroutine protocol
+//! (`send`, `throw`, `close`, `__await__`; `asyncio.iscoroutine()` is true of
+//! it, so `create_task`, `wait_for` and `gather` take it). Nothing happens
+//! until it is first resumed, and then what asyncio's coroutine does happens
+//! in the same order: the checks, the search of the buffer, the errors with
+//! their `partial` / `consumed` and what they leave in the buffer.
+//!
+//! A read the buffer can satisfy completes in its first step, without a
+//! future. Otherwise the op does what asyncio's `_wait_for_data` does: makes
+//! the reader's waiter future and yields it to the task (as `await future`
+//! does), and looks at the buffer again when the task resumes it.
+//!
+//! The interpreter resumes an awaited op through `tp_iternext` (3.12+) or
+//! `am_send` (3.10, 3.11); `install_slots` gives both the C entry points
+//! below, which answer without making an exception object when the result is
+//! None or a yielded future.
+
+use pyo3::exceptions::{PyRuntimeError, PyStopAsyncIteration, PyStopIteration, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple, PyType};
+use pyo3::{ffi, PyTraverseError, PyVisit};
+use smallvec::SmallVec;
+
+use super::reader::{ReaderCore, ReaderState};
+use crate::cell::NativeCell;
+use crate::python;
+
+/// Which read an op does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Method {
+    Read,
+    ReadExactly,
+    ReadUntil,
+    ReadLine,
+    /// `__anext__`: readline, and StopAsyncIteration at the end.
+    Next,
+}
+
+type Separator = SmallVec<[u8; 16]>;
+
+/// What readuntil's search makes of its outcomes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// readuntil: the errors as raised.
+    Raise,
+    /// readline: the partial line at EOF, ValueError over the limit.
+    Line,
+    /// `__anext__`: readline, and StopAsyncIteration for an empty end.
+    Next,
+}
+
+/// Where a read is.
+enum Kind {
+    /// Not started: the method and its argument, read at the first step.
+    Start(Method, Option<Py<PyAny>>),
+    /// read(n), n > 0; `waited` once it has waited (it waits at most once).
+    Read {
+        n: usize,
+        waited: bool,
+    },
+    /// read(-1): asyncio's loop of read(limit) calls until an empty one.
+    ReadAll {
+        blocks: Vec<Py<PyBytes>>,
+        waited: bool,
+    },
+    Exactly {
+        n: usize,
+    },
+    /// readuntil / readline: `offset` is where the next search starts; the
+    /// separators are sorted by length.
+    Until {
+        separators: SmallVec<[Separator; 1]>,
+        offset: isize,
+        mode: Until,
+    },
+}
+
+enum Stage {
+    Ready,
+    /// A step is running (Python code it called could re-enter).
+    Running,
+    /// Yielded this future to the task.
+    Waiting(Py<PyAny>),
+    Done,
+}
+
+struct OpState {
+    stage: Stage,
+    kind: Option<Kind>,
+}
+
+/// What a step ends with.
+pub(super) enum Outcome {
+    Return(Py<PyAny>),
+    Yield(Py<PyAny>),
+}
+
+/// What a read's first checks decide.
+enum Started {
+    Run(Kind),
+    /// The result, already (read(0), readexactly(0)).
+    Done(Py<PyAny>),
+}
+
+/// What one attempt at the buffer found.
+enum Attempt {
+    Return(Py<PyAny>),
+    /// More data is needed; the name is the method's, for the error a
+    /// second waiting read gets.
+    Wait(&'static str),
+}
+
+#[pyclass(module = "zuvrs._zuvrs", name = "StreamRead", frozen)]
+pub(crate) struct ReadOp {
+    reader: Py<ReaderCore>,
+    state: NativeCell<OpState>,
+}
+
+impl ReadOp {
+    pub(super) fn new(
+        py: Python<'_>,
+        reader: Py<ReaderCore>,
+        method: Method,
+        arg: Option<Py<PyAny>>,
+    ) -> PyResult<Py<ReadOp>> {
+        Py::new(
+            py,
+            ReadOp {
+                reader,
+                state: NativeCell::new(OpState { stage: Stage::Ready, kind: Some(Kind::Start(method, arg)) }),
+            },
+        )
+    }
+
+    fn reader(&self) -> &ReaderCore {
+        self.reader.get()
+    }
+
+    fn with_reader<R>(&self, py: Python<'_>, f: impl FnOnce(&mut ReaderState) -> R) -> R {
+        self.reader().state.with(py, f)
+    }
+
+    /// One step: the first one (`value` must be None), or the one after
+    /// the yielded future completed.
+    pub(super) fn advance(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Outcome> {
+        let stage = self.state.with(py, |st| std::mem::replace(&mut st.stage, Stage::Running));
+        match stage {
+            Stage::Ready if !value.is_none() => {
+                self.state.with(py, |st| st.stage = Stage::Ready);
+                return Err(PyTypeError::new_err("can't send non-None value to a just-started coroutine"));
+            }
+            Stage::Ready => {}
+            Stage::Running => return Err(PyValueError::new_err("coroutine already executing")),
+            Stage::Done => {
+                self.state.with(py, |st| st.stage = Stage::Done);
+                return Err(PyRuntimeError::new_err("cannot reuse already awaited coroutine"));
+            }
+            Stage::Waiting(future) => {
+                // asyncio's _wait_for_data: `finally: self._waiter = None`.
+                let old = self.with_reader(py, |st| st.waiter.take());
+                drop(old);
+                if let Err(err) = python::call_method(future.bind(py), python::future::result(py), ()) {
+                    self.finish(py);
+                    return Err(err);
+                }
+            }
+        }
+        let mut kind = self.state.with(py, |st| st.kind.take()).expect("an op that is not done has its kind");
+        let result = self.run(py, &mut kind);
+        match &result {
+            Ok(Outcome::Yield(future)) => {
+                let future = future.clone_ref(py);
+                self.state.with(py, |st| {
+                    st.stage = Stage::Waiting(future);
+                    st.kind = Some(kind);
+                });
+            }
+            _ => {
+                self.finish(py);
+                drop(kind);
+            }
+        }
+        result
+    }
+
+    /// The op is over: nothing is held any more.
+    fn finish(&self, py: Python<'_>) {
+        let old = self.state.with(py, |st| (std::mem::replace(&mut st.stage, Stage::Done), st.kind.take()));
+        drop(old);
+    }
+
+    /// Attempts until the read completes, fails or must wait (then the
+    /// waiter future is made and returned, as `_wait_for_data` does).
+    fn run(&self, py: Python<'_>, kind: &mut Kind) -> PyResult<Outcome> {
+        if let Kind::Start(method, arg) = kind {
+            let (method, arg) = (*method, arg.take());
+            match self.start(py, method, arg)? {
+                Started::Run(started) => *kind = started,
+                Started::Done(value) => return Ok(Outcome::Return(value)),
+            }
+        }
+        match self.attempt(py, kind)? {
+            Attempt::Return(value) => Ok(Outcome::Return(value)),
+            Attempt::Wait(name) => self.wait_for_data(py, name).map(Outcome::Yield),
+        }
+    }
+
+    /// The checks a read makes before it looks at the buffer: the read to
+    /// do, or its result already.
+    fn start(&self, py: Python<'_>, method: Method, arg: Option<Py<PyAny>>) -> PyResult<Started> {
+        let empty = || Started::Done(PyBytes::new(py, b"").into_any().unbind());
+        Ok(match method {
+            Method::Read => {
+                self.raise_exception(py)?;
+                let n: isize = match &arg {
+                    Some(a) => a.extract(py)?,
+                    None => -1,
+                };
+                match n {
+                    0 => empty(),
+                    n if n < 0 => Started::Run(Kind::ReadAll { blocks: Vec::new(), waited: false }),
+                    n => Started::Run(Kind::Read { n: n as usize, waited: false }),
+                }
+            }
+            Method::ReadExactly => {
+                let n: isize = arg.expect("readexactly takes n").extract(py)?;
+                if n < 0 {
+                    return Err(PyValueError::new_err("readexactly size can not be less than zero"));
+                }
+                self.raise_exception(py)?;
+                if n == 0 {
+                    empty()
+                } else {
+                    Started::Run(Kind::Exactly { n: n as usize })
+                }
+            }
+            Method::ReadUntil => {
+                let separators = separators(py, arg)?;
+                self.raise_exception(py)?;
+                Started::Run(Kind::Until { separators, offset: 0, mode: Until::Raise })
+            }
+            Method::ReadLine | Method::Next => {
+                self.raise_exception(py)?;
+                let mode = if method == Method::Next { Until::Next } else { Until::Line };
+                Started::Run(Kind::Until {
+                    separators: SmallVec::from_elem(SmallVec::from_slice(b"\n"), 1),
+                    offset: 0,
+                    mode,
+                })
+            }
+        })
+    }
+
+    /// `if self._exception is not None: raise self._exception`.
+    fn raise_exception(&self, py: Python<'_>) -> PyResult<()> {
+        match self.with_reader(py, |st| st.exception.as_ref().map(|e| e.clone_ref(py))) {
+            Some(exc) => Err(PyErr::from_value(exc.into_bound(py))),
+            None => Ok(()),
+        }
+    }
+
+    fn attempt(&self, py: Python<'_>, kind: &mut Kind) -> PyResult<Attempt> {
+        match kind {
+            Kind::Start(..) => unreachable!("started before the first attempt"),
+            Kind::Read { n, waited } => {
+                if !*waited && self.with_reader(py, |st| st.len(py) == 0 && !st.eof) {
+                    *waited = true;
+                    return Ok(Attempt::Wait("read"));
+                }
+                let data = self.with_reader(py, |st| st.take_front(py, *n))?;
+                self.reader().maybe_resume_transport(py)?;
+                Ok(Attempt::Return(data.into_any().unbind()))
+            }
+            Kind::ReadAll { blocks, waited } => loop {
+                // Each turn is one of asyncio's read(self._limit) calls.
+                if !*waited {
+                    self.raise_exception(py)?;
+                    if self.with_reader(py, |st| st.limit > 0 && st.len(py) == 0 && !st.eof) {
+                        *waited = true;
+                        return Ok(Attempt::Wait("read"));
+                    }
+                }
+                *waited = false;
+                let block = self.with_reader(py, |st| st.take_front(py, st.limit.max(0) as usize))?;
+                self.reader().maybe_resume_transport(py)?;
+                if block.as_bytes().is_empty() {
+                    let joined = PyBytes::new(py, b"").call_method1(pyo3::intern!(py, "join"), (&*blocks,))?;
+                    return Ok(Attempt::Return(joined.unbind()));
+                }
+                blocks.push(block.unbind());
+            },
+            Kind::Exactly { n } => {
+                let n = *n;
+                let found = self.with_reader(py, |st| -> PyResult<Option<Result<(), Bound<'_, PyBytes>>>> {
+                    if st.len(py) >= n {
+                        return Ok(Some(Ok(())));
+                    }
+                    if st.eof {
+                        return Ok(Some(Err(st.take_all(py)?)));
+                    }
+                    Ok(None)
+                })?;
+                match found {
+                    None => Ok(Attempt::Wait("readexactly")),
+                    Some(Err(partial)) => Err(incomplete_read_error(py, partial, Some(n))?),
+                    Some(Ok(())) => {
+                        let data = self.with_reader(py, |st| st.take_front(py, n))?;
+                        self.reader().maybe_resume_transport(py)?;
+                        Ok(Attempt::Return(data.into_any().unbind()))
+                    }
+                }
+            }
+            Kind::Until { separators, offset, mode } => self.until(py, separators, offset, *mode),
+        }
+    }
+
+    /// readuntil's loop, asyncio's steps: search from `offset`; past the
+    /// limit without a match, LimitOverrunError; at EOF, IncompleteReadError
+    /// with all there is; else wait and search again.
+    fn until(&self, py: Python<'_>, separators: &[Separator], offset: &mut isize, mode: Until) -> PyResult<Attempt> {
+        let shortest = separators[0].len() as isize;
+        let longest = separators[separators.len() - 1].len() as isize;
+        let step = self.with_reader(py, |st| -> PyResult<Searched<'_>> {
+            let buf = st.contents(py);
+            let buflen = buf.len() as isize;
+            if buflen - *offset >= shortest {
+                if let Some(found) = find_earliest_end(buf, separators, *offset as usize) {
+                    return Ok(Searched::Found(found));
+                }
+                *offset = (buflen + 1 - longest).max(0);
+                if *offset > st.limit {
+                    return Ok(Searched::Overrun("Separator is not found, and chunk exceed the limit", *offset));
+                }
+            }
+            if st.eof {
+                return Ok(Searched::Eof(st.take_all(py)?));
+            }
+            Ok(Searched::Nothing)
+        })?;
+        let (start, end) = match step {
+            Searched::Nothing => return Ok(Attempt::Wait("readuntil")),
+            Searched::Eof(partial) => {
+                return match mode {
+                    Until::Raise => Err(incomplete_read_error(py, partial, None)?),
+                    Until::Next if partial.as_bytes().is_empty() => Err(PyStopAsyncIteration::new_err(())),
+                    Until::Line | Until::Next => Ok(Attempt::Return(partial.into_any().unbind())),
+                };
+            }
+            Searched::Overrun(message, consumed) => return Err(self.overrun(py, mode, message, consumed)?),
+            Searched::Found(found) => found,
+        };
+        if start as isize > self.with_reader(py, |st| st.limit) {
+            return Err(self.overrun(
+                py,
+                mode,
+                "Separator is found, but chunk is longer than limit",
+                start as isize,
+            )?);
+        }
+        let chunk = self.with_reader(py, |st| st.take_front(py, end))?;
+        self.reader().maybe_resume_transport(py)?;
+        Ok(Attempt::Return(chunk.into_any().unbind()))
+    }
+
+    /// LimitOverrunError(message, consumed); readline turns it into
+    /// ValueError(message), first dropping the line (through its newline,
+    /// if that is where the overrun stopped) or else the whole buffer.
+    fn overrun(&self, py: Python<'_>, mode: Until, message: &str, consumed: isize) -> PyResult<PyErr> {
+        let overrun = PyErr::from_value(python::streams(py)?.limit_overrun_error.bind(py).call1((message, consumed))?);
+        if mode == Until::Raise {
+            return Ok(overrun);
+        }
+        self.with_reader(py, |st| {
+            let at = consumed.max(0) as usize;
+            if st.contents(py).get(at..).is_some_and(|rest| rest.starts_with(b"\n")) {
+                st.consume(py, at + 1)
+            } else {
+                st.buffer.bind_borrowed(py).resize(0)
+            }
+        })?;
+        self.reader().maybe_resume_transport(py)?;
+        let err = PyValueError::new_err(message.to_owned());
+        err.set_context(py, Some(overrun));
+        Ok(err)
+    }
+
+    /// asyncio's `_wait_for_data(func_name)` up to its `await`: the checks,
+    /// reading resumed if this reader paused it, and the waiter future made
+    /// and marked as awaited (what `await future` does before it yields).
+    fn wait_for_data(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
+        let checked = self.with_reader(py, |st| {
+            if st.waiter.is_some() {
+                return Err(PyRuntimeError::new_err(format!(
+                    "{name}() called while another coroutine is already waiting for incoming data"
+                )));
+            }
+            if st.eof {
+                return Err(pyo3::exceptions::PyAssertionError::new_err("_wait_for_data after EOF"));
+            }
+            let resume = st.paused.then(|| st.transport.as_ref().map(|t| t.clone_ref(py)));
+            st.paused = false;
+            Ok((resume, st.loop_obj.as_ref().map(|l| l.clone_ref(py))))
+        });
+        let (resume, loop_obj) = checked?;
+        if let Some(transport) = resume {
+            super::reader::resume_reading(py, transport)?;
+        }
+        let loop_obj = loop_obj.unwrap_or_else(|| py.None());
+        let future = python::call_method(loop_obj.bind(py), python::event_loop::create_future(py), ())?;
+        future.setattr(python::future::_asyncio_future_blocking(py), true)?;
+        let future = future.unbind();
+        let old = self.with_reader(py, |st| st.waiter.replace(future.clone_ref(py)));
+        drop(old);
+        Ok(future)
+    }
+
+    /// `throw()`: the read ends with `err` raised where it waited (its
+    /// waiter forgotten, as asyncio's `finally` does).
+    fn throw_in(&self, py: Python<'_>, err: PyErr) -> PyErr {
+        let stage = self.state.with(py, |st| std::mem::replace(&mut st.stage, Stage::Done));
+        match stage {
+            Stage::Running => {
+                self.state.with(py, |st| st.stage = Stage::Running);
+                return PyValueError::new_err("coroutine already executing");
+            }
+            Stage::Waiting(_) => {
+                let old = self.with_reader(py, |st| st.waiter.take());
+                drop(old);
+            }
+            Stage::Ready | Stage::Done => {}
+        }
+        self.finish(py);
+        err
+    }
+}
+
+/// What readuntil's search of the buffer found.
+enum Searched<'py> {
+    Found((usize, usize)),
+    Overrun(&'static str, isize),
+    Eof(Bound<'py, PyBytes>),
+    Nothing,
+}
+
+/// The match of any separator that ends first (the shortest one on a tie),
+/// searching from `from`: (start, end).
+fn find_earliest_end(buf: &[u8], separators: &[Separator], from: usize) -> Option<(usize, usize)> {
+    let mut best: Option<(usize, usize)> = None;
+    for sep in separators {
+        if let Some(start) = find(buf, sep, from) {
+            let end = start + sep.len();
+            if best.is_none_or(|(_, e)| end < e) {
+                best = Some((start, end));
+            }
+        }
+    }
+    best
+}
+
+/// The first `needle` in `hay[from..]`, as an index into `hay`.
+fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+    let rest = hay.get(from..)?;
+    if rest.len() < needle.len() {
+        return None;
+    }
+    // SAFETY: both ranges are live slices of the lengths given.
+    let at = unsafe {
+        if needle.len() == 1 {
+            libc::memchr(rest.as_ptr().cast(), needle[0] as i32, rest.len()) as *const u8
+        } else {
+            libc::memmem(rest.as_ptr().cast(), rest.len(), needle.as_ptr().cast(), needle.len()) as *const u8
+        }
+    };
+    (!at.is_null()).then(|| from + (at as usize - rest.as_ptr() as usize))
+}
+
+/// readuntil's separators, as asyncio reads its argument: one bytes-like
+/// separator, or from 3.13 a tuple of them (tried shortest first); an empty
+/// one is a ValueError.
+fn separators(py: Python<'_>, arg: Option<Py<PyAny>>) -> PyResult<SmallVec<[Separator; 1]>> {
+    let Some(arg) = arg else { return Ok(SmallVec::from_elem(SmallVec::from_slice(b"\n"), 1)) };
+    let arg = arg.into_bound(py);
+    let one = |obj: &Bound<'_, PyAny>| -> PyResult<Separator> {
+        let bytes = crate::transport::buffer::Bytes::get(obj)?;
+        Ok(SmallVec::from_slice(bytes.as_slice()))
+    };
+    let mut separators: SmallVec<[Separator; 1]> = SmallVec::new();
+    match arg.cast::<PyTuple>() {
+        Ok(tuple) if cfg!(Py_3_13) => {
+            for item in tuple.iter() {
+                separators.push(one(&item)?);
+            }
+            if separators.is_empty() {
+                return Err(PyValueError::new_err("Separator should contain at least one element"));
+            }
+            // (A stable sort, as sorted() is.)
+            separators.sort_by_key(|s| s.len());
+        }
+        _ => separators.push(one(&arg)?),
+    }
+    if separators[0].is_empty() {
+        return Err(PyValueError::new_err("Separator should be at least one-byte string"));
+    }
+    Ok(separators)
+}
+
+/// IncompleteReadError(partial, expected).
+fn incomplete_read_error(py: Python<'_>, partial: Bound<'_, PyBytes>, expected: Option<usize>) -> PyResult<PyErr> {
+    let exc = python::streams(py)?.incomplete_read_error.bind(py).call1((partial, expected))?;
+    Ok(PyErr::from_value(exc))
+}
+
+/// The exception `throw(typ, val, tb)` raises, as a generator makes it.
+fn thrown(
+    py: Python<'_>,
+    typ: &Bound<'_, PyAny>,
+    val: Option<&Bound<'_, PyAny>>,
+    tb: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyErr> {
+    let val = val.filter(|v| !v.is_none());
+    let exc = if let Ok(cls) = typ.cast::<PyType>() {
+        match val {
+            Some(v) if v.is_instance(cls)? => v.clone(),
+            Some(v) => cls.call1((v,))?.into_any(),
+            None => cls.call0()?.into_any(),
+        }
+    } else {
+        if val.is_some() {
+            return Err(PyTypeError::new_err("instance exception may not have a separate value"));
+        }
+        typ.clone()
+    };
+    if let Some(tb) = tb.filter(|t| !t.is_none()) {
+        exc.call_method1(pyo3::intern!(py, "with_traceback"), (tb,))?;
+    }
+    Ok(PyErr::from_value(exc))
+}
+
+#[pymethods]
+impl ReadOp {
+    fn send(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        match self.advance(py, value)? {
+            Outcome::Yield(future) => Ok(future),
+            Outcome::Return(value) => Err(PyStopIteration::new_err((value,))),
+        }
+    }
+
+    #[pyo3(signature = (typ, val = None, tb = None))]
+    fn throw(
+        &self,
+        py: Python<'_>,
+        typ: &Bound<'_, PyAny>,
+        val: Option<&Bound<'_, PyAny>>,
+        tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let err = thrown(py, typ, val, tb)?;
+        Err(self.throw_in(py, err))
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.state.with(py, |st| matches!(st.stage, Stage::Running)) {
+            return Err(PyValueError::new_err("coroutine already executing"));
+        }
+        let _ = self.throw_in(py, PyStopIteration::new_err(()));
+        Ok(())
+    }
+
+    fn __await__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        match self.advance(py, &py.None().into_bound(py))? {
+            Outcome::Yield(future) => Ok(Some(future)),
+            Outcome::Return(value) => Err(PyStopIteration::new_err((value,))),
+        }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.reader)?;
+        // SAFETY: the GC holds the GIL; this only reads.
+        unsafe {
+            self.state.peek(|st| {
+                if let Stage::Waiting(future) = &st.stage {
+                    visit.call(future)?;
+                }
+                match &st.kind {
+                    Some(Kind::Start(_, arg)) => visit.call(arg),
+                    Some(Kind::ReadAll { blocks, .. }) => blocks.iter().try_for_each(|b| visit.call(b)),
+                    _ => Ok(()),
+                }
+            })
+        }
+    }
+
+    fn __clear__(&self, py: Python<'_>) {
+        self.finish(py);
+    }
+}
+
+/// `am_send` of StreamRead (3.10, 3.11 resume awaited objects with it).
+///
+/// # Safety
+/// Called by CPython with the GIL, on a live StreamRead.
+unsafe extern "C" fn op_send(
+    slf: *mut ffi::PyObject,
+    arg: *mut ffi::PyObject,
+    result: *mut *mut ffi::PyObject,
+) -> ffi::PySendResult {
+    // SAFETY: per the contract.
+    unsafe {
+        let py = Python::assume_attached();
+        let op = Bound::from_borrowed_ptr(py, slf).cast_into_unchecked::<ReadOp>();
+        let arg = if arg.is_null() { py.None().into_bound(py) } else { Bound::from_borrowed_ptr(py, arg) };
+        match op.get().advance(py, &arg) {
+            Ok(Outcome::Return(value)) => {
+                *result = value.into_ptr();
+                ffi::PySendResult::PYGEN_RETURN
+            }
+            Ok(Outcome::Yield(future)) => {
+                *result = future.into_ptr();
+                ffi::PySendResult::PYGEN_NEXT
+            }
+            Err(err) => {
+                err.restore(py);
+                *result = std::ptr::null_mut();
+                ffi::PySendResult::PYGEN_ERROR
+            }
+        }
+    }
+}
+
+/// `tp_iternext` of StreamRead (3.12+ resume awaited objects with it): the
+/// future to yield, or NULL with StopIteration(result) set (none for None).
+///
+/// # Safety
+/// As for `op_send`.
+unsafe extern "C" fn op_next(slf: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    // SAFETY: per the contract.
+    unsafe {
+        let py = Python::assume_attached();
+        let op = Bound::from_borrowed_ptr(py, slf).cast_into_unchecked::<ReadOp>();
+        match op.get().advance(py, &py.None().into_bound(py)) {
+            Ok(Outcome::Yield(future)) => future.into_ptr(),
+            Ok(Outcome::Return(value)) => {
+                if !value.is_none(py) {
+                    // A bytes result (never a tuple or an exception, which
+                    // StopIteration's constructor would take apart).
+                    ffi::PyErr_SetObject(ffi::PyExc_StopIteration, value.as_ptr());
+                }
+                std::ptr::null_mut()
+            }
+            Err(err) => {
+                err.restore(py);
+                std::ptr::null_mut()
+            }
+        }
+    }
+}
+
+/// An awaitable already complete with None: what `drain()` returns when
+/// there is nothing to wait for (one object, shared; it keeps no state).
+#[pyclass(module = "zuvrs._zuvrs", name = "Completed", frozen)]
+pub(crate) struct Completed;
+
+impl Completed {
+    pub(super) fn get(py: Python<'_>) -> PyResult<Py<Completed>> {
+        static ONE: pyo3::sync::PyOnceLock<Py<Completed>> = pyo3::sync::PyOnceLock::new();
+        ONE.get_or_try_init(py, || Py::new(py, Completed)).map(|c| c.clone_ref(py))
+    }
+}
+
+#[pymethods]
+impl Completed {
+    fn send(&self, _value: &Bound<'_, PyAny>) -> PyResult<()> {
+        Err(PyStopIteration::new_err(()))
+    }
+
+    #[pyo3(signature = (typ, val = None, tb = None))]
+    fn throw(
+        &self,
+        py: Python<'_>,
+        typ: &Bound<'_, PyAny>,
+        val: Option<&Bound<'_, PyAny>>,
+        tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        Err(thrown(py, typ, val, tb)?)
+    }
+
+    fn close(&self) {}
+
+    fn __await__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self) -> PyResult<()> {
+        Err(PyStopIteration::new_err(()))
+    }
+
+    fn __repr__(&self) -> &'static str {
+        "<zuvrs.streams completed awaitable>"
+    }
+}
+
+/// `am_send` of Completed: returns None at once.
+///
+/// # Safety
+/// Called by CPython with the GIL.
+unsafe extern "C" fn completed_send(
+    _slf: *mut ffi::PyObject,
+    _arg: *mut ffi::PyObject,
+    result: *mut *mut ffi::PyObject,
+) -> ffi::PySendResult {
+    // SAFETY: per the contract; None is immortal or kept alive by the reference made here.
+    unsafe {
+        *result = ffi::Py_NewRef(ffi::Py_None());
+    }
+    ffi::PySendResult::PYGEN_RETURN
+}
+
+/// `tp_iternext` of Completed: exhausted (NULL, no exception: a None result).
+///
+/// # Safety
+/// Called by CPython with the GIL.
+unsafe extern "C" fn completed_next(_slf: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    std::ptr::null_mut()
+}
+
+/// Sets a pyo3 class's resumption slots to the given C functions.
+fn set_slots<T: pyo3::PyClass>(py: Python<'_>, next: ffi::iternextfunc, send: ffi::sendfunc) {
+    let tp = py.get_type::<T>();
+    // SAFETY: GIL held; a heap type made by pyo3, whose tp_as_async points
+    // at its own (writable) slots; no instance is being resumed meanwhile.
+    unsafe {
+        let raw = tp.as_type_ptr();
+        (*raw).tp_iternext = Some(next);
+        if let Some(async_slots) = (*raw).tp_as_async.as_mut() {
+            async_slots.am_send = Some(send);
+        }
+        ffi::PyType_Modified(raw);
+    }
+}
+
+/// Puts the C entry points into the types' slots, in place of pyo3's
+/// `__next__` trampolines (which would make a StopIteration through a
+/// boxed error for every result).
+pub(super) fn install_slots(py: Python<'_>) {
+    set_slots::<ReadOp>(py, op_next, op_send);
+    set_slots::<Completed>(py, completed_next, completed_send);
+}

@@ -1,0 +1,424 @@
+//! `ReaderCore`: the state and methods of `zuvrs.streams.StreamReader`,
+//! asyncio's `StreamReader` done natively.
+//!
+//! The state is asyncio's, attribute for attribute (`_buffer`, `_limit`,
+//! `_eof`, `_waiter`, `_exception`, `_transport`, `_paused`, `_loop` are
+//! properties over it, so code that reads or sets them works unchanged), and
+//! the buffer is a real `bytearray` that keeps its identity: code that holds
+//! `reader._buffer`, searches it or clears it sees what asyncio would show.
+//! The reads (`read`, `readline`, `readuntil`, `readexactly`, `__anext__`)
+//! return the awaitables of ops.rs.
+//!
+//! A transport feeds the reader without Python (`ReadSink`, attached by
+//! `attach_reader` in mod.rs); `feed_data` is the same step for Python
+//! callers.
+
+use std::rc::Rc;
+
+use pyo3::exceptions::{PyAssertionError, PyNotImplementedError};
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes};
+use pyo3::{ffi, PyTraverseError, PyVisit};
+
+use super::ops::{Method, ReadOp};
+use crate::cell::NativeCell;
+use crate::python;
+use crate::transport::buffer::Bytes;
+use crate::transport::stream::ReadSink;
+
+/// asyncio's `_DEFAULT_LIMIT`.
+const DEFAULT_LIMIT: isize = 64 * 1024;
+
+pub(crate) struct ReaderState {
+    /// asyncio's `_buffer`.
+    pub(super) buffer: Py<PyByteArray>,
+    pub(super) limit: isize,
+    pub(super) eof: bool,
+    /// The future a read waits on (asyncio's `_waiter`).
+    pub(super) waiter: Option<Py<PyAny>>,
+    pub(super) exception: Option<Py<PyAny>>,
+    pub(super) transport: Option<Py<PyAny>>,
+    /// Reading was paused by this reader (over twice the limit).
+    pub(super) paused: bool,
+    pub(super) loop_obj: Option<Py<PyAny>>,
+}
+
+impl ReaderState {
+    /// The buffered bytes. Valid until the bytearray is next changed, so
+    /// only within a `with` closure (which runs no Python code).
+    pub(super) fn contents(&self, _py: Python<'_>) -> &[u8] {
+        let buf = self.buffer.as_ptr();
+        // SAFETY: a live bytearray (the state holds it); nothing can resize
+        // it while the state is borrowed, as that would take Python code,
+        // which does not run here.
+        unsafe {
+            let len = ffi::PyByteArray_Size(buf) as usize;
+            std::slice::from_raw_parts(ffi::PyByteArray_AsString(buf) as *const u8, len)
+        }
+    }
+
+    pub(super) fn len(&self, py: Python<'_>) -> usize {
+        self.buffer.bind_borrowed(py).len()
+    }
+
+    /// Appends `data` (asyncio's `bytearray.extend`).
+    fn append(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
+        let buf = self.buffer.bind_borrowed(py);
+        let len = buf.len();
+        buf.resize(len + data.len())?;
+        // SAFETY: the bytearray was just resized to hold `data` after its
+        // `len` bytes; `data` is not its memory (a view of it would have
+        // made the resize fail).
+        unsafe { buf.as_bytes_mut()[len..].copy_from_slice(data) };
+        Ok(())
+    }
+
+    /// `bytes(buffer[:n])`, then `del buffer[:n]` (`n` at most the length).
+    pub(super) fn take_front<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyBytes>> {
+        let n = n.min(self.len(py));
+        let data = PyBytes::new(py, &self.contents(py)[..n]);
+        self.consume(py, n)?;
+        Ok(data)
+    }
+
+    /// `del buffer[:n]`. A bytearray drops its head by moving its start, so
+    /// this copies nothing.
+    pub(super) fn consume(&self, py: Python<'_>, n: usize) -> PyResult<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let buf = self.buffer.bind_borrowed(py);
+        // SAFETY: a live bytearray; deleting a slice runs no Python code.
+        if unsafe { ffi::PySequence_DelSlice(buf.as_ptr(), 0, n as ffi::Py_ssize_t) } < 0 {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(())
+    }
+
+    /// `bytes(buffer)`, then `buffer.clear()`.
+    pub(super) fn take_all<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let data = PyBytes::new(py, self.contents(py));
+        self.buffer.bind_borrowed(py).resize(0)?;
+        Ok(data)
+    }
+}
+
+#[pyclass(module = "zuvrs._zuvrs", name = "StreamReaderCore", subclass, frozen)]
+pub(crate) struct ReaderCore {
+    pub(super) state: NativeCell<ReaderState>,
+}
+
+impl ReaderCore {
+    /// `feed_data`'s first step: the bytes appended (asyncio asserts that
+    /// no data follows EOF). Runs no Python code.
+    fn append(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
+        self.state.with(py, |st| {
+            if st.eof {
+                return Err(PyAssertionError::new_err("feed_data after feed_eof"));
+            }
+            st.append(py, data)
+        })
+    }
+
+    /// `feed_data`'s last steps: the waiting read woken, and reading paused
+    /// once over twice the limit.
+    fn after_feed(&self, py: Python<'_>) -> PyResult<()> {
+        self.wakeup_waiter(py)?;
+        let transport = self.state.with(py, |st| {
+            if st.paused || st.len(py) as isize <= st.limit.saturating_mul(2) {
+                return None;
+            }
+            st.transport.as_ref().map(|t| t.clone_ref(py))
+        });
+        let Some(transport) = transport else { return Ok(()) };
+        match python::call_method(transport.bind(py), python::streams::pause_reading(py), ()) {
+            Ok(_) => self.state.with(py, |st| st.paused = true),
+            Err(err) if err.is_instance_of::<PyNotImplementedError>(py) => {
+                // The transport cannot pause: buffer everything, and stop asking.
+                let old = self.state.with(py, |st| st.transport.take());
+                drop(old);
+            }
+            Err(err) => return Err(err),
+        }
+        Ok(())
+    }
+
+    /// asyncio's `_wakeup_waiter`.
+    pub(super) fn wakeup_waiter(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(waiter) = self.state.with(py, |st| st.waiter.take()) else { return Ok(()) };
+        let waiter = waiter.bind(py);
+        if !python::call_method(waiter, python::future::cancelled(py), ())?.is_truthy()? {
+            python::call_method(waiter, python::future::set_result(py), (py.None(),))?;
+        }
+        Ok(())
+    }
+
+    /// asyncio's `_maybe_resume_transport`: reading resumes once the buffer
+    /// is down to the limit.
+    pub(super) fn maybe_resume_transport(&self, py: Python<'_>) -> PyResult<()> {
+        let transport = self.state.with(py, |st| {
+            if !st.paused || st.len(py) as isize > st.limit {
+                return None;
+            }
+            st.paused = false;
+            Some(st.transport.as_ref().map(|t| t.clone_ref(py)))
+        });
+        match transport {
+            None => Ok(()),
+            Some(t) => resume_reading(py, t),
+        }
+    }
+
+    fn op(slf: &Bound<'_, Self>, method: Method, arg: Option<Py<PyAny>>) -> PyResult<Py<ReadOp>> {
+        ReadOp::new(slf.py(), slf.clone().unbind(), method, arg)
+    }
+}
+
+/// `transport.resume_reading()` (asyncio calls it on whatever `_transport`
+/// is, None included).
+pub(super) fn resume_reading(py: Python<'_>, transport: Option<Py<PyAny>>) -> PyResult<()> {
+    let transport = transport.unwrap_or_else(|| py.None());
+    python::call_method(transport.bind(py), python::streams::resume_reading(py), ())?;
+    Ok(())
+}
+
+/// The reader as the sink of its protocol's reads (sink.rs in
+/// transport/stream): a read is appended as `feed_data` would.
+struct ReaderSink(Py<ReaderCore>);
+
+impl ReadSink for ReaderSink {
+    fn take(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
+        self.0.get().append(py, data)
+    }
+
+    fn taken(&self, py: Python<'_>) -> PyResult<()> {
+        self.0.get().after_feed(py)
+    }
+
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.0)
+    }
+}
+
+/// `reader` as the sink of a transport's reads.
+pub(super) fn sink(reader: Py<ReaderCore>) -> Rc<dyn ReadSink> {
+    Rc::new(ReaderSink(reader))
+}
+
+#[pymethods]
+impl ReaderCore {
+    /// The state asyncio's `StreamReader.__init__` then sets (its arguments
+    /// are that method's).
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(py: Python<'_>, _args: &Bound<'_, PyAny>, _kwargs: Option<&Bound<'_, PyAny>>) -> Self {
+        ReaderCore {
+            state: NativeCell::new(ReaderState {
+                buffer: PyByteArray::new(py, &[]).unbind(),
+                limit: DEFAULT_LIMIT,
+                eof: false,
+                waiter: None,
+                exception: None,
+                transport: None,
+                paused: false,
+                loop_obj: None,
+            }),
+        }
+    }
+
+    fn exception(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.state.with(py, |st| st.exception.as_ref().map(|e| e.clone_ref(py)))
+    }
+
+    fn set_exception(&self, py: Python<'_>, exc: Py<PyAny>) -> PyResult<()> {
+        let (old, waiter) = self.state.with(py, |st| (st.exception.replace(exc.clone_ref(py)), st.waiter.take()));
+        drop(old);
+        let Some(waiter) = waiter else { return Ok(()) };
+        let waiter = waiter.bind(py);
+        if !python::call_method(waiter, python::future::cancelled(py), ())?.is_truthy()? {
+            python::call_method(waiter, python::future::set_exception(py), (exc,))?;
+        }
+        Ok(())
+    }
+
+    fn _wakeup_waiter(&self, py: Python<'_>) -> PyResult<()> {
+        self.wakeup_waiter(py)
+    }
+
+    fn set_transport(&self, py: Python<'_>, transport: Py<PyAny>) -> PyResult<()> {
+        self.state.with(py, |st| {
+            if st.transport.is_some() {
+                return Err(PyAssertionError::new_err("Transport already set"));
+            }
+            st.transport = Some(transport);
+            Ok(())
+        })
+    }
+
+    fn _maybe_resume_transport(&self, py: Python<'_>) -> PyResult<()> {
+        self.maybe_resume_transport(py)
+    }
+
+    fn feed_eof(&self, py: Python<'_>) -> PyResult<()> {
+        self.state.with(py, |st| st.eof = true);
+        self.wakeup_waiter(py)
+    }
+
+    fn at_eof(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| st.eof && st.len(py) == 0)
+    }
+
+    fn feed_data(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        if self.state.with(py, |st| st.eof) {
+            return Err(PyAssertionError::new_err("feed_data after feed_eof"));
+        }
+        if !data.is_truthy()? {
+            return Ok(());
+        }
+        match Bytes::get(data) {
+            Ok(bytes) => self.append(py, bytes.as_slice())?,
+            // Not bytes-like: what bytearray.extend makes of it (an
+            // iterable of ints, or its TypeError).
+            Err(_) => {
+                let buffer = self.state.with(py, |st| st.buffer.clone_ref(py));
+                python::call_method(buffer.bind(py).as_any(), pyo3::intern!(py, "extend"), (data,))?;
+            }
+        }
+        self.after_feed(py)
+    }
+
+    #[pyo3(signature = (n = None))]
+    fn read(slf: &Bound<'_, Self>, n: Option<Py<PyAny>>) -> PyResult<Py<ReadOp>> {
+        Self::op(slf, Method::Read, n)
+    }
+
+    fn readline(slf: &Bound<'_, Self>) -> PyResult<Py<ReadOp>> {
+        Self::op(slf, Method::ReadLine, None)
+    }
+
+    #[pyo3(signature = (separator = None))]
+    fn readuntil(slf: &Bound<'_, Self>, separator: Option<Py<PyAny>>) -> PyResult<Py<ReadOp>> {
+        Self::op(slf, Method::ReadUntil, separator)
+    }
+
+    fn readexactly(slf: &Bound<'_, Self>, n: Py<PyAny>) -> PyResult<Py<ReadOp>> {
+        Self::op(slf, Method::ReadExactly, Some(n))
+    }
+
+    fn __anext__(slf: &Bound<'_, Self>) -> PyResult<Py<ReadOp>> {
+        Self::op(slf, Method::Next, None)
+    }
+
+    #[getter(_buffer)]
+    fn get_buffer(&self, py: Python<'_>) -> Py<PyByteArray> {
+        self.state.with(py, |st| st.buffer.clone_ref(py))
+    }
+
+    #[setter(_buffer)]
+    fn set_buffer(&self, py: Python<'_>, buffer: Py<PyByteArray>) {
+        let old = self.state.with(py, |st| std::mem::replace(&mut st.buffer, buffer));
+        drop(old);
+    }
+
+    #[getter(_limit)]
+    fn get_limit(&self, py: Python<'_>) -> isize {
+        self.state.with(py, |st| st.limit)
+    }
+
+    #[setter(_limit)]
+    fn set_limit(&self, py: Python<'_>, limit: isize) {
+        self.state.with(py, |st| st.limit = limit)
+    }
+
+    #[getter(_eof)]
+    fn get_eof(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| st.eof)
+    }
+
+    #[setter(_eof)]
+    fn set_eof(&self, py: Python<'_>, eof: &Bound<'_, PyAny>) -> PyResult<()> {
+        let eof = eof.is_truthy()?;
+        self.state.with(py, |st| st.eof = eof);
+        Ok(())
+    }
+
+    #[getter(_paused)]
+    fn get_paused(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| st.paused)
+    }
+
+    #[setter(_paused)]
+    fn set_paused(&self, py: Python<'_>, paused: &Bound<'_, PyAny>) -> PyResult<()> {
+        let paused = paused.is_truthy()?;
+        self.state.with(py, |st| st.paused = paused);
+        Ok(())
+    }
+
+    #[getter(_waiter)]
+    fn get_waiter(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.state.with(py, |st| st.waiter.as_ref().map(|w| w.clone_ref(py)))
+    }
+
+    #[setter(_waiter)]
+    fn set_waiter(&self, py: Python<'_>, waiter: Option<Py<PyAny>>) {
+        let old = self.state.with(py, |st| std::mem::replace(&mut st.waiter, none_as_absent(py, waiter)));
+        drop(old);
+    }
+
+    #[getter(_exception)]
+    fn get_exception(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.exception(py)
+    }
+
+    #[setter(_exception)]
+    fn set_exception_attr(&self, py: Python<'_>, exc: Option<Py<PyAny>>) {
+        let old = self.state.with(py, |st| std::mem::replace(&mut st.exception, none_as_absent(py, exc)));
+        drop(old);
+    }
+
+    #[getter(_transport)]
+    fn get_transport(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.state.with(py, |st| st.transport.as_ref().map(|t| t.clone_ref(py)))
+    }
+
+    #[setter(_transport)]
+    fn set_transport_attr(&self, py: Python<'_>, transport: Option<Py<PyAny>>) {
+        let old = self.state.with(py, |st| std::mem::replace(&mut st.transport, none_as_absent(py, transport)));
+        drop(old);
+    }
+
+    #[getter(_loop)]
+    fn get_loop(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.state.with(py, |st| st.loop_obj.as_ref().map(|l| l.clone_ref(py)))
+    }
+
+    #[setter(_loop)]
+    fn set_loop(&self, py: Python<'_>, loop_obj: Option<Py<PyAny>>) {
+        let old = self.state.with(py, |st| std::mem::replace(&mut st.loop_obj, none_as_absent(py, loop_obj)));
+        drop(old);
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        // SAFETY: the GC holds the GIL; this only reads.
+        unsafe {
+            self.state.peek(|st| {
+                visit.call(&st.buffer)?;
+                visit.call(&st.waiter)?;
+                visit.call(&st.exception)?;
+                visit.call(&st.transport)?;
+                visit.call(&st.loop_obj)
+            })
+        }
+    }
+
+    fn __clear__(&self, py: Python<'_>) {
+        let old =
+            self.state.with(py, |st| (st.waiter.take(), st.exception.take(), st.transport.take(), st.loop_obj.take()));
+        drop(old);
+    }
+}
+
+/// An attribute set to None is held as absent (a deleted one too).
+fn none_as_absent(py: Python<'_>, value: Option<Py<PyAny>>) -> Option<Py<PyAny>> {
+    value.filter(|v| !v.is_none(py))
+}

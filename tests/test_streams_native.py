@@ -1,0 +1,848 @@
+"""Native streams (zuvrs.streams) against asyncio's own stream classes.
+
+The reference is asyncio's StreamReader / StreamReaderProtocol /
+StreamWriter: the same feed scripts are driven through asyncio's reader and
+the native one, on the stdlib loop and on zuvrs, and everything they do is
+compared (results, errors with their partial / expected / consumed, what
+is left in the buffer, EOF, the waiter). The end-to-end tests run the same
+body with asyncio's stream functions and with zuvrs.streams', on both loops.
+"""
+
+import asyncio
+import gc
+import random
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+from _support import PY311, PY313, TIMEOUT, run
+
+zs = pytest.importorskip("zuvrs.streams")
+
+IMPLEMENTATIONS = {"asyncio": asyncio, "native": zs}
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def streams(request):
+    """The stream module under test: asyncio's or zuvrs.streams."""
+    return IMPLEMENTATIONS[request.param]
+
+
+# -- feed scripts --------------------------------------------------------------
+
+
+def _outcome(task, reader):
+    """What a finished read did, and what it left behind."""
+    if task.cancelled():
+        result = ("cancelled",)
+    else:
+        exc = task.exception()
+        if exc is None:
+            result = ("ok", task.result())
+        else:
+            result = (
+                "raised",
+                type(exc).__name__,
+                exc.args,
+                getattr(exc, "partial", None),
+                getattr(exc, "expected", None),
+                getattr(exc, "consumed", None),
+                type(exc.__context__).__name__ if exc.__context__ is not None else None,
+            )
+    return result + (bytes(reader._buffer), reader.at_eof(), reader._waiter is None)
+
+
+async def _play(reader_cls, script, limit):
+    """Runs `script` against a reader of `reader_cls`; returns the record of
+    everything observable after each step."""
+    loop = asyncio.get_running_loop()
+    reader = reader_cls(limit=limit, loop=loop)
+    record = []
+    pending = None
+
+    async def settle():
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    def note_pending():
+        nonlocal pending
+        if pending is not None and pending.done():
+            record.append(("done",) + _outcome(pending, reader))
+            pending = None
+
+    for step in script:
+        op, *args = step
+        if op == "feed":
+            try:
+                reader.feed_data(args[0])
+                record.append(("fed", bytes(reader._buffer)))
+            except AssertionError as exc:
+                record.append(("feed failed", str(exc)))
+        elif op == "eof":
+            reader.feed_eof()
+        elif op == "exc":
+            reader.set_exception(args[0]())
+        elif op == "limit":
+            reader._limit = args[0]
+        elif op == "cancel":
+            if pending is not None:
+                pending.cancel()
+        elif op == "state":
+            record.append(("state", bytes(reader._buffer), reader.at_eof(), type(reader.exception()).__name__))
+        else:
+            method = {"anext": reader.__anext__}.get(op) or getattr(reader, op)
+            task = asyncio.ensure_future(method(*args))
+            await settle()
+            if task.done():
+                record.append((op,) + _outcome(task, reader))
+            elif pending is None:
+                pending = task
+                record.append((op, "waiting"))
+            else:
+                # A second read while one waits: asyncio's RuntimeError.
+                record.append((op, "concurrent", _outcome(task, reader) if task.done() else "still waiting"))
+                task.cancel()
+                await settle()
+        await settle()
+        note_pending()
+    if pending is not None:
+        pending.cancel()
+        await settle()
+        note_pending()
+    return record
+
+
+def _compare(loop, script, limit=10):
+    expected = run(loop, _play(asyncio.StreamReader, script, limit))
+    got = run(loop, _play(zs.StreamReader, script, limit))
+    assert got == expected, f"script {script!r}"
+    return expected
+
+
+SCRIPTS = [
+    # read(n)
+    [("feed", b"line1\nline2\n"), ("read", 3), ("read", 100), ("state",)],
+    [("read", 5), ("feed", b"ab"), ("read", 5), ("eof",), ("read", 5), ("read", 0)],
+    [("feed", b"abc"), ("eof",), ("read",), ("read",)],
+    [("read",), ("feed", b"a" * 25), ("feed", b"b" * 3), ("eof",)],
+    [("feed", b"abc"), ("read", 0), ("read", -1), ("eof",)],
+    # readline
+    [("feed", b"line1"), ("feed", b"\nline2\n"), ("readline",), ("readline",), ("readline",), ("eof",)],
+    [("feed", b"partial"), ("eof",), ("readline",), ("readline",)],
+    [("feed", b"x" * 15), ("readline",), ("state",)],
+    [("feed", b"x" * 12 + b"\nabc"), ("readline",), ("state",)],
+    [("feed", b"x" * 10 + b"\nrest\n"), ("readline",), ("readline",)],
+    [("readline",), ("feed", b"x" * 6), ("feed", b"y" * 6), ("state",)],
+    [("feed", b"ab"), ("exc", ValueError), ("readline",), ("state",)],
+    [("readline",), ("exc", ValueError), ("state",), ("feed", b"z\n"), ("readline",)],
+    # readuntil
+    [("feed", b"some dataAA"), ("readuntil", b"AAA"), ("feed", b"A"), ("readuntil", b"AAA")],
+    [("feed", b"aaaa"), ("readuntil", b""), ("state",)],
+    [("feed", b"12345678901"), ("readuntil", b"!"), ("state",)],
+    [("feed", b"0123456789abc!"), ("readuntil", b"!"), ("state",)],
+    [("feed", b"QWEaa"), ("feed", b"XYaa"), ("feed", b"a"), ("readuntil", b"aaa"), ("readuntil", b"aaa")],
+    [("feed", b"some data"), ("eof",), ("readuntil", b"AAA"), ("state",)],
+    [("readuntil", b"--"), ("feed", b"a-"), ("feed", b"-b"), ("state",)],
+    # readexactly
+    [("feed", b"chunk"), ("readexactly", 3), ("readexactly", 0), ("readexactly", 10), ("feed", b"12345678"),
+     ("state",)],
+    [("feed", b"abc"), ("eof",), ("readexactly", 5), ("state",)],
+    [("readexactly", -1)],
+    [("readexactly", 30), ("feed", b"a" * 25), ("feed", b"b" * 10), ("state",)],
+    [("feed", b"x"), ("exc", RuntimeError), ("readexactly", 1), ("read", 1), ("readuntil", b"x")],
+    # __anext__
+    [("feed", b"a\nb"), ("anext",), ("anext",), ("eof",), ("anext",), ("anext",)],
+    # concurrent readers, cancellation
+    [("readline",), ("read", 1), ("readexactly", 2), ("readuntil", b"!"), ("feed", b"x\n")],
+    [("readline",), ("cancel",), ("state",), ("feed", b"ab\n"), ("readline",)],
+    [("readexactly", 4), ("feed", b"ab"), ("cancel",), ("state",), ("readexactly", 2)],
+    # feeding after EOF, limits changed on the way
+    [("eof",), ("feed", b"late"), ("feed", b""), ("state",)],
+    [("feed", b"abcdef"), ("limit", 3), ("readline",), ("limit", 20), ("feed", b"gh\n"), ("readline",)],
+]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[str(i) for i in range(len(SCRIPTS))])
+def test_feed_scripts_match_asyncio(loop, script):
+    _compare(loop, script)
+
+
+@pytest.mark.skipif(not PY313, reason="readuntil() takes a tuple of separators from 3.13")
+@pytest.mark.parametrize(
+    "script",
+    [
+        [("feed", b"line1\r\nline2\n"), ("readuntil", (b"\n", b"\r\n")), ("readuntil", (b"\r\n", b"\n"))],
+        [("feed", b"aXbYc"), ("readuntil", (b"Y", b"X")), ("readuntil", (b"Y", b"X"))],
+        [("feed", b"abcdefg"), ("readuntil", (b"xyz", b"q")), ("feed", b"123456xyz"), ("state",)],
+        [("readuntil", ())],
+        [("readuntil", (b"a", b""))],
+        [("feed", b"ab"), ("readuntil", (b"ab", b"b"))],
+        [("feed", b"xxxxxxxxxxxAB"), ("readuntil", (b"AB", b"B")), ("state",)],
+    ],
+)
+def test_readuntil_separator_tuples_match_asyncio(loop, script):
+    _compare(loop, script)
+
+
+def _random_script(rng):
+    alphabet = [b"a", b"b", b"\n", b"AB", b"xyz", b"\n\n"]
+    ops = []
+    for _ in range(rng.randrange(3, 14)):
+        kind = rng.random()
+        if kind < 0.45:
+            ops.append(("feed", b"".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 8)))))
+        elif kind < 0.55:
+            ops.append(("readline",))
+        elif kind < 0.65:
+            ops.append(("read", rng.choice([-1, 0, 1, 3, 7, 50])))
+        elif kind < 0.75:
+            ops.append(("readexactly", rng.choice([0, 1, 4, 9, 25])))
+        elif kind < 0.85:
+            ops.append(("readuntil", rng.choice([b"\n", b"AB", b"xyz", b"b"])))
+        elif kind < 0.90:
+            ops.append(("anext",))
+        elif kind < 0.94:
+            ops.append(("cancel",))
+        elif kind < 0.97:
+            ops.append(("exc", rng.choice([ValueError, ConnectionResetError])))
+        else:
+            ops.append(("eof",))
+    if rng.random() < 0.7:
+        ops.append(("eof",))
+    ops.append(("state",))
+    return ops
+
+
+def test_random_feed_scripts_match_asyncio(loop):
+    rng = random.Random(20261202)
+    for _ in range(150):
+        _compare(loop, _random_script(rng), limit=rng.choice([1, 4, 9, 64]))
+
+
+# -- the reader's contract -------------------------------------------------------
+
+
+def test_classes_are_asyncio_subclasses():
+    assert issubclass(zs.StreamReader, asyncio.StreamReader)
+    assert issubclass(zs.StreamReaderProtocol, asyncio.StreamReaderProtocol)
+    assert issubclass(zs.StreamWriter, asyncio.StreamWriter)
+
+
+def test_reads_are_coroutines_to_asyncio(loop, streams):
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        reader.feed_data(b"a\nbcdefg")
+        line = reader.readline()
+        assert asyncio.iscoroutine(line)
+        assert await asyncio.wait_for(line, TIMEOUT) == b"a\n"
+        assert await asyncio.create_task(reader.readexactly(2)) == b"bc"
+        assert await asyncio.gather(reader.read(1), return_exceptions=True) == [b"d"]
+        fut = asyncio.ensure_future(reader.readuntil(b"g"))
+        assert await fut == b"efg"
+        # A read that waits, run as a task and awaited later.
+        task = asyncio.create_task(reader.read(5))
+        await asyncio.sleep(0)
+        assert not task.done()
+        reader.feed_data(b"hi")
+        assert await task == b"hi"
+
+    run(loop, main())
+
+
+def test_a_read_is_awaited_once(loop, streams):
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        reader.feed_data(b"abc")
+        read = reader.read(1)
+        assert await read == b"a"
+        with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
+            await read
+
+    run(loop, main())
+
+
+def test_a_read_not_awaited_does_nothing(loop, streams):
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        reader.feed_data(b"abc")
+        unused = reader.readline()
+        reader.read(2).close()
+        del unused
+        gc.collect()
+        assert bytes(reader._buffer) == b"abc"
+        assert reader._waiter is None
+
+    with warnings.catch_warnings():
+        # (asyncio warns of a coroutine never awaited; the native reads do not.)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run(loop, main())
+
+
+def test_cancelled_read_leaves_buffer_and_waiter(loop, streams):
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        reader.feed_data(b"abc")
+        task = asyncio.create_task(reader.readexactly(10))
+        await asyncio.sleep(0)
+        assert reader._waiter is not None
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert reader._waiter is None
+        assert bytes(reader._buffer) == b"abc"
+        reader.feed_data(b"defghijkl")
+        assert await reader.readexactly(10) == b"abcdefghij"
+
+    run(loop, main())
+
+
+def test_exception_set_while_waiting(loop, streams):
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        task = asyncio.create_task(reader.readline())
+        await asyncio.sleep(0)
+        exc = ConnectionResetError("gone")
+        reader.set_exception(exc)
+        with pytest.raises(ConnectionResetError) as info:
+            await task
+        assert info.value is exc
+        assert reader.exception() is exc
+        with pytest.raises(ConnectionResetError):
+            await reader.read(1)
+
+    run(loop, main())
+
+
+def test_concurrent_read_is_refused(loop, streams):
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        first = asyncio.create_task(reader.readline())
+        await asyncio.sleep(0)
+        with pytest.raises(RuntimeError, match=r"^read\(\) called while another coroutine is already waiting"):
+            await reader.read(1)
+        reader.feed_data(b"x\n")
+        assert await first == b"x\n"
+
+    run(loop, main())
+
+
+def test_buffer_identity_and_outside_changes(loop, streams):
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        buf = reader._buffer
+        assert isinstance(buf, bytearray)
+        reader.feed_data(b"hello\nworld\n")
+        assert buf is reader._buffer and buf == b"hello\nworld\n"
+        assert await reader.readline() == b"hello\n"
+        assert buf == b"world\n"
+        buf.clear()
+        reader.feed_data(b"x\n")
+        assert await reader.readline() == b"x\n"
+        reader._buffer = bytearray(b"replaced\n")
+        assert await reader.readline() == b"replaced\n"
+
+    run(loop, main())
+
+
+class _RecordingTransport(asyncio.Transport):
+    def __init__(self, can_pause=True):
+        super().__init__()
+        self.calls = []
+        self.can_pause = can_pause
+
+    def pause_reading(self):
+        if not self.can_pause:
+            raise NotImplementedError
+        self.calls.append("pause")
+
+    def resume_reading(self):
+        self.calls.append("resume")
+
+
+def test_reading_pauses_over_twice_the_limit_and_resumes_at_it(loop, streams):
+    async def main():
+        reader = streams.StreamReader(limit=4, loop=loop)
+        transport = _RecordingTransport()
+        reader.set_transport(transport)
+        reader.feed_data(b"12345678")
+        assert transport.calls == []
+        reader.feed_data(b"9")
+        assert transport.calls == ["pause"] and reader._paused
+        reader.feed_data(b"abcdef")  # already paused: no second pause
+        assert await reader.read(6) == b"123456"
+        assert transport.calls == ["pause"]
+        assert await reader.read(5) == b"789ab"
+        assert transport.calls == ["pause", "resume"] and not reader._paused
+        reader.feed_data(b"x" * 9)
+        assert transport.calls[-1] == "pause"
+        assert await reader.readexactly(9) == b"cdefxxxxx"
+        assert transport.calls == ["pause", "resume", "pause", "resume"]
+        # A read that must wait resumes a paused transport first.
+        reader.feed_data(b"y" * 9)
+        assert transport.calls[-1] == "pause" and reader._paused
+        task = asyncio.create_task(reader.readexactly(30))
+        await asyncio.sleep(0)
+        assert transport.calls[-1] == "resume" and not reader._paused
+        reader.feed_data(b"z" * 17)
+        assert await task == b"xxxx" + b"y" * 9 + b"z" * 17
+        return transport.calls
+
+    assert run(loop, main()) == ["pause", "resume", "pause", "resume", "pause", "resume", "pause", "resume"]
+
+
+def test_transport_that_cannot_pause_is_forgotten(loop, streams):
+    async def main():
+        reader = streams.StreamReader(limit=2, loop=loop)
+        transport = _RecordingTransport(can_pause=False)
+        reader.set_transport(transport)
+        reader.feed_data(b"12345")
+        assert reader._transport is None and not reader._paused
+        reader.feed_data(b"6789")
+        assert await reader.read(100) == b"123456789"
+
+    run(loop, main())
+
+
+def test_set_transport_twice_fails(loop, streams):
+    reader = streams.StreamReader(loop=loop)
+    reader.set_transport(_RecordingTransport())
+    with pytest.raises(AssertionError, match="Transport already set"):
+        reader.set_transport(_RecordingTransport())
+
+
+def test_invalid_limit(loop, streams):
+    with pytest.raises(ValueError, match="imit cannot be <= 0"):
+        streams.StreamReader(limit=0, loop=loop)
+    with pytest.raises(ValueError):
+        streams.StreamReader(limit=-1, loop=loop)
+
+
+def test_repr_and_attributes_match(loop):
+    readers = [cls(limit=7, loop=loop) for cls in (asyncio.StreamReader, zs.StreamReader)]
+    for reader in readers:
+        reader.feed_data(b"abc")
+        reader.feed_eof()
+    assert repr(readers[0]) == repr(readers[1])
+    for name in ("_limit", "_eof", "_paused", "_exception", "_transport", "_waiter", "_buffer"):
+        assert getattr(readers[0], name) == getattr(readers[1], name), name
+    assert readers[1]._loop is loop
+
+
+def test_subclass_overrides_are_used(loop):
+    class Upper(zs.StreamReader):
+        async def readuntil(self, separator=b"\n"):
+            return (await super().readuntil(separator)).upper()
+
+    class Counting(zs.StreamReader):
+        fed = 0
+
+        def feed_data(self, data):
+            self.fed += 1
+            super().feed_data(data)
+
+    async def main():
+        reader = Upper(loop=loop)
+        reader.feed_data(b"shout\nagain\n")
+        assert await reader.readline() == b"SHOUT\n"
+        assert [line async for line in _take(reader, 1)] == [b"AGAIN\n"]
+        counting = Counting(loop=loop)
+        counting.feed_data(b"x")
+        assert counting.fed == 1
+
+    run(loop, main())
+
+
+async def _take(reader, n):
+    async for line in reader:
+        yield line
+        n -= 1
+        if not n:
+            return
+
+
+# -- over real transports --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_contexts(tmp_path_factory):
+    from _tls_certs import make_pki
+    from _tls_support import client_context, server_context
+
+    pki = make_pki(tmp_path_factory.mktemp("pki"))
+    return server_context(pki), client_context(pki)
+
+
+async def _echo_lines(reader, writer):
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                break
+            writer.write(line)
+            await writer.drain()
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("family", ["tcp", "unix"])
+def test_echo_lines_over_sockets(loop, streams, family, tmp_path):
+    lines = [b"%d %s\n" % (i, b"x" * (i % 300)) for i in range(2000)]
+
+    async def main():
+        if family == "tcp":
+            server = await streams.start_server(_echo_lines, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            reader, writer = await streams.open_connection("127.0.0.1", port)
+        else:
+            path = str(tmp_path / "s.sock")
+            server = await streams.start_unix_server(_echo_lines, path)
+            reader, writer = await streams.open_unix_connection(path)
+        assert type(reader) is streams.StreamReader and type(writer) is streams.StreamWriter
+        got = []
+        for i in range(0, len(lines), 50):
+            writer.writelines(lines[i:i + 50])
+            await writer.drain()
+            for _ in range(50):
+                got.append(await reader.readline())
+        writer.write_eof()
+        assert await reader.read() == b""
+        assert reader.at_eof()
+        writer.close()
+        await writer.wait_closed()
+        server.close()
+        await server.wait_closed()
+        return got
+
+    assert run(loop, main(), timeout=30) == lines
+
+
+def test_bulk_through_a_small_limit_pauses_and_delivers_everything(loop, streams):
+    """Flow control on a real transport: the server's reader pauses its
+    transport over twice the limit; every byte arrives, in order."""
+    size = 8 * 1024 * 1024
+    block = bytes(range(256)) * 256
+
+    async def main():
+        done = loop.create_future()
+        paused = []
+
+        async def handle(reader, writer):
+            total = 0
+            crc = 0
+            import zlib
+
+            while True:
+                data = await reader.read(3000)
+                if not data:
+                    break
+                paused.append(reader._paused)
+                total += len(data)
+                crc = zlib.crc32(data, crc)
+                await asyncio.sleep(0)
+            done.set_result((total, crc))
+            writer.close()
+
+        server = await streams.start_server(handle, "127.0.0.1", 0, limit=1024)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await streams.open_connection("127.0.0.1", port)
+        import zlib
+
+        expect = 0
+        for _ in range(size // len(block)):
+            writer.write(block)
+            expect = zlib.crc32(block, expect)
+            await writer.drain()
+        writer.write_eof()
+        total, crc = await done
+        writer.close()
+        await writer.wait_closed()
+        server.close()
+        await server.wait_closed()
+        return total, crc == expect, any(paused)
+
+    total, same, was_paused = run(loop, main(), timeout=60)
+    assert total == size and same and was_paused
+
+
+def test_peer_reset_reaches_the_reader(loop, streams):
+    async def main():
+        accepted = loop.create_future()
+
+        async def handle(reader, writer):
+            accepted.set_result(writer)
+
+        server = await streams.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await streams.open_connection("127.0.0.1", port)
+        peer = await accepted
+        read = asyncio.create_task(reader.read(10))
+        await asyncio.sleep(0.01)
+        peer.transport.abort()
+        assert await read == b""
+        writer.close()
+        # A write to a connection the peer has gone from: drain fails at last.
+        server.close()
+        await server.wait_closed()
+
+    run(loop, main())
+
+
+def test_drain_semantics(loop, streams):
+    async def main():
+        accepted = loop.create_future()
+
+        async def handle(reader, writer):
+            accepted.set_result((reader, writer))
+
+        server = await streams.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await streams.open_connection("127.0.0.1", port)
+        peer_reader, peer_writer = await accepted
+        # Nothing to wait for: drain completes at once.
+        assert await writer.drain() is None
+        # Paused by the transport: drain waits until the peer reads.
+        writer.transport.set_write_buffer_limits(high=1024)
+        big = b"z" * (8 * 1024 * 1024)
+        writer.write(big)
+        drain = asyncio.ensure_future(writer.drain())
+        await asyncio.sleep(0.05)
+        assert not drain.done()
+        assert await peer_reader.readexactly(len(big)) == big
+        await asyncio.wait_for(drain, TIMEOUT)
+        # An exception on the reader is raised by drain.
+        exc = ValueError("reader failed")
+        reader.set_exception(exc)
+        with pytest.raises(ValueError):
+            await writer.drain()
+        reader._exception = None
+        # After the connection is lost: ConnectionResetError.
+        peer_writer.transport.abort()
+        await asyncio.sleep(0.05)
+        writer.write(b"after")
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            for _ in range(20):
+                writer.write(b"x" * 65536)
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+    run(loop, main(), timeout=30)
+
+
+def test_writer_api_as_asyncio(loop, streams):
+    async def main():
+        accepted = loop.create_future()
+
+        async def handle(reader, writer):
+            accepted.set_result((reader, writer))
+
+        server = await streams.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await streams.open_connection("127.0.0.1", port)
+        peer_reader, peer_writer = await accepted
+        assert isinstance(peer_writer, asyncio.StreamWriter)
+        assert type(peer_reader) is type(reader) and type(peer_writer) is type(writer)
+        assert writer.get_extra_info("peername") == ("127.0.0.1", port)
+        assert writer.transport is writer._transport
+        assert writer.can_write_eof()
+        assert repr(writer).startswith("<StreamWriter transport=")
+        writer.writelines([b"a", bytearray(b"b"), memoryview(b"c")])
+        writer.write(b"\n")
+        assert await peer_reader.readline() == b"abc\n"
+        with pytest.raises(TypeError):
+            writer.write("text")
+        assert not writer.is_closing()
+        writer.close()
+        assert writer.is_closing()
+        await writer.wait_closed()
+        assert await peer_reader.read() == b""
+        peer_writer.close()
+        server.close()
+        await server.wait_closed()
+
+    run(loop, main())
+
+
+def test_handler_exception_is_reported_and_closes(loop, streams):
+    if not PY311:
+        pytest.skip("3.10's start_server does not report a failed handler")
+
+    async def main():
+        contexts = []
+        loop.set_exception_handler(lambda lp, ctx: contexts.append(ctx))
+
+        async def handle(reader, writer):
+            raise ValueError("handler failed")
+
+        server = await streams.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await streams.open_connection("127.0.0.1", port)
+        assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return contexts
+
+    contexts = run(loop, main())
+    assert [c["message"] for c in contexts] == ["Unhandled exception in client_connected_cb"]
+    assert isinstance(contexts[0]["exception"], ValueError)
+
+
+def test_native_reads_skip_data_received_on_zuvrs(loop_name, loop):
+    """On a zuvrs transport the native protocol's reads go to the reader
+    without data_received; on other transports through it, as asyncio."""
+    calls = []
+
+    async def main():
+        accepted = loop.create_future()
+
+        async def handle(reader, writer):
+            accepted.set_result(writer)
+
+        server = await zs.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader = zs.StreamReader(loop=loop)
+        protocol = zs.StreamReaderProtocol(reader, loop=loop)
+        original = protocol.data_received
+        protocol.data_received = lambda data: (calls.append(data), original(data))
+        transport, _ = await loop.create_connection(lambda: protocol, "127.0.0.1", port)
+        peer = await accepted
+        peer.write(b"hello\n")
+        assert await reader.readline() == b"hello\n"
+        transport.close()
+        peer.close()
+        server.close()
+        await server.wait_closed()
+
+    run(loop, main())
+    assert calls == ([] if loop_name == "zuvrs" else [b"hello\n"])
+
+
+@pytest.mark.skipif(not PY311, reason="StreamWriter.start_tls() is 3.11+")
+def test_start_tls_over_native_streams(loop, streams, tls_contexts):
+    server_ctx, client_ctx = tls_contexts
+
+    async def main():
+        async def handle(reader, writer):
+            line = await reader.readline()
+            # The client starts its handshake once it has this, and this
+            # side reads nothing more before start_tls takes the socket.
+            writer.write(b"ok\n")
+            await writer.drain()
+            await writer.start_tls(server_ctx)
+            writer.write(b"secure " + line)
+            await writer.drain()
+            assert await reader.readline() == b"bye\n"
+            writer.close()
+
+        server = await streams.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await streams.open_connection("127.0.0.1", port)
+        writer.write(b"hi\n")
+        assert await reader.readline() == b"ok\n"
+        await writer.start_tls(client_ctx, server_hostname="localhost")
+        assert writer.get_extra_info("ssl_object") is not None
+        assert await reader.readline() == b"secure hi\n"
+        writer.write(b"bye\n")
+        await writer.drain()
+        assert await reader.read() == b""
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+    run(loop, main(), timeout=20)
+
+
+def test_tls_echo_over_native_streams(loop, streams, tls_contexts):
+    server_ctx, client_ctx = tls_contexts
+    lines = [b"%d %s\n" % (i, b"y" * (i % 50)) for i in range(500)]
+
+    async def main():
+        server = await streams.start_server(_echo_lines, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await streams.open_connection("127.0.0.1", port, ssl=client_ctx,
+                                                       server_hostname="localhost")
+        got = []
+        for line in lines:
+            writer.write(line)
+            got.append(await reader.readline())
+        writer.close()
+        await writer.wait_closed()
+        server.close()
+        await server.wait_closed()
+        return got
+
+    assert run(loop, main(), timeout=30) == lines
+
+
+# -- install() ----------------------------------------------------------------
+
+
+def test_import_leaves_asyncio_alone():
+    code = textwrap.dedent(
+        """
+        import asyncio, asyncio.streams
+        before = (asyncio.open_connection, asyncio.start_server,
+                  asyncio.open_unix_connection, asyncio.start_unix_server,
+                  asyncio.StreamReader, asyncio.StreamWriter)
+        import zuvrs, zuvrs.streams
+        after = (asyncio.open_connection, asyncio.start_server,
+                 asyncio.open_unix_connection, asyncio.start_unix_server,
+                 asyncio.StreamReader, asyncio.StreamWriter)
+        assert before == after, (before, after)
+        assert asyncio.streams.open_connection is asyncio.open_connection
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_install_uses_native_streams_on_zuvrs_loops_only(loop_name, loop):
+    originals = (asyncio.open_connection, asyncio.start_server, asyncio.open_unix_connection,
+                 asyncio.start_unix_server)
+    zs.install()
+    try:
+        assert zs.installed()
+        assert asyncio.streams.open_connection is asyncio.open_connection
+        zs.install()  # twice is once
+
+        async def main():
+            got = loop.create_future()
+
+            async def handle(reader, writer):
+                got.set_result((type(reader), type(writer)))
+                writer.close()
+
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            server_types = await got
+            writer.close()
+            server.close()
+            await server.wait_closed()
+            return (type(reader), type(writer)), server_types
+
+        client, server = run(loop, main())
+    finally:
+        zs.uninstall()
+    assert not zs.installed()
+    assert (asyncio.open_connection, asyncio.start_server, asyncio.open_unix_connection,
+            asyncio.start_unix_server) == originals
+    expected = (zs.StreamReader, zs.StreamWriter) if loop_name == "zuvrs" else (
+        asyncio.StreamReader, asyncio.StreamWriter)
+    assert client == expected and server == expected
+
+
+def test_install_outside_a_loop_raises_as_asyncio():
+    zs.install()
+    try:
+        coro = asyncio.open_connection("127.0.0.1", 1)
+        with pytest.raises(RuntimeError, match="no running event loop"):
+            coro.send(None)
+    finally:
+        zs.uninstall()
