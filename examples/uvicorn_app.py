@@ -13,10 +13,10 @@ to exit.
 """
 
 import asyncio
+import http.client
 import socket
 import threading
 import time
-import urllib.request
 
 import uvicorn
 import zuvrs
@@ -39,9 +39,12 @@ def client(server: uvicorn.Server, port: int, errors: list) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError("uvicorn did not start")
             time.sleep(0.05)
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         for path in ("/", "/hello"):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-                print(response.status, response.read().decode().rstrip())
+            connection.request("GET", path)
+            response = connection.getresponse()
+            print(response.status, response.read().decode().rstrip())
+        connection.close()
     except Exception as exc:
         errors.append(exc)
     finally:

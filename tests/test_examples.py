@@ -2,11 +2,14 @@
 what it says it does, and writes nothing to stderr.
 
 Each one runs in a fresh interpreter (this one's, so the zuvrs under test),
-from a scratch directory, with a timeout. The signals example also runs
-with SIGINT ignored from the start, as a shell's background job starts it.
+from a scratch directory, with a timeout, and without the PYTHON* variables
+of the environment the suite was started from (asyncio's debug mode or
+warnings options would add output). The signals example also runs with
+SIGINT ignored from the start, as a shell's background job starts it.
 """
 
 import importlib.util
+import os
 import re
 import signal
 import subprocess
@@ -77,9 +80,11 @@ def signals_lines(name):
 
 
 def run_example(name, args, tmp_path, preexec_fn=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     return subprocess.run(
         [sys.executable, str(EXAMPLES_DIR / f"{name}.py"), *args],
         cwd=tmp_path,
+        env=env,
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
