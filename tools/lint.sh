@@ -26,7 +26,7 @@ libdir=$($py -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --quiet
 
 echo "== ruff"
-.venv/bin/ruff check python tests benchmarks
+.venv/bin/ruff check python tests benchmarks examples
 
 echo "== mypy"
 .venv/bin/mypy

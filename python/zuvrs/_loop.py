@@ -54,7 +54,7 @@ _C_INT_MAX = 2**31 - 1
 # attribute for every callback they schedule with a context (every task
 # step, every done callback), which makes and frees a bound method each time;
 # 3.12 calls it as a method. Up to 3.11 the loop keeps one bound method in
-# its instance dict, where that lookup finds it (README, "Speed", has the
+# its instance dict, where that lookup finds it (docs/performance.md has the
 # measured effect).
 _CACHE_CALL_SOON = sys.version_info < (3, 12)
 

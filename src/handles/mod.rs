@@ -426,6 +426,6 @@ impl Ready {
 
 // A Handle must stay within CPython's 64-byte allocation class (with the
 // object and GC headers, 32 bytes): see `callback::Args` and the memory
-// target in the README. (Debug builds add a borrow flag to the cell.)
+// target in docs/performance.md. (Debug builds add a borrow flag to the cell.)
 #[cfg(not(debug_assertions))]
 const _: () = assert!(std::mem::size_of::<NativeCell<HandleState>>() <= 32);
