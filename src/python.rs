@@ -104,6 +104,17 @@ pub(crate) fn call_method<'py, A: PyCallArgs<'py>>(
     obj.call_method1(name, args)
 }
 
+/// `obj.name()`, looked up as a method (no bound method object is made,
+/// which pyo3's own zero-argument call does).
+#[inline]
+pub(crate) fn call_method0<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+    cell::check_crossing();
+    let py = obj.py();
+    // SAFETY: GIL held (the tokens); both are live objects; the result is a
+    // new reference or NULL with an exception set.
+    unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyObject_CallMethodNoArgs(obj.as_ptr(), name.as_ptr())) }
+}
+
 /// `obj.name(*args, **kwargs)`.
 #[inline]
 pub(crate) fn call_method_kw<'py, A: PyCallArgs<'py>>(

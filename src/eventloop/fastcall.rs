@@ -74,7 +74,7 @@ fn extract_traceback(py: Python<'_>, core_obj: *mut ffi::PyObject) -> PyResult<P
     // SAFETY: the loop object is live (the method's self).
     let obj = unsafe { Bound::from_borrowed_ptr(py, core_obj) };
     let name = python::event_loop::_extract_source_traceback(py);
-    Ok(python::call_method(&obj, name, ())?.unbind())
+    Ok(python::call_method0(&obj, name)?.unbind())
 }
 
 /// The debug-mode checks asyncio makes (thread and callback type), done by
@@ -82,7 +82,7 @@ fn extract_traceback(py: Python<'_>, core_obj: *mut ffi::PyObject) -> PyResult<P
 fn debug_checks(slf: &Bound<'_, PyAny>, callback: *mut ffi::PyObject, method: &str, thread: bool) -> PyResult<()> {
     let py = slf.py();
     if thread {
-        python::call_method(slf, python::event_loop::_check_thread(py), ())?;
+        python::call_method0(slf, python::event_loop::_check_thread(py))?;
     }
     // SAFETY: the caller passes a borrowed, live callback.
     let cb = unsafe { Bound::from_borrowed_ptr(py, callback) };

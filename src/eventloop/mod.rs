@@ -70,7 +70,7 @@ pub(crate) fn loop_time(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopSha
 #[inline]
 fn python_clock_now(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<Option<f64>> {
     if shared.state.with(py, |st| st.python_clock) {
-        return python::call_method(slf, pyo3::intern!(py, "time"), ())?.extract().map(Some);
+        return python::call_method0(slf, pyo3::intern!(py, "time"))?.extract().map(Some);
     }
     Ok(None)
 }

@@ -177,9 +177,8 @@ impl<R: 'static> Request<R> {
         shared.unregister(py, ClientPtr(&*r as *const Request<R> as *const dyn LoopClient));
         let Some(future) = r.future.take() else { return };
         let future = future.bind(py);
-        let outcome = python::call_method(future, python::future::cancelled(py), ())
-            .and_then(|c| c.is_truthy())
-            .and_then(|cancelled| {
+        let outcome = python::call_method0(future, python::future::cancelled(py)).and_then(|c| c.is_truthy()).and_then(
+            |cancelled| {
                 if cancelled {
                     Ok(())
                 } else if status < 0 {
@@ -188,7 +187,8 @@ impl<R: 'static> Request<R> {
                 } else {
                     python::call_method(future, python::future::set_result(py), (result(py)?,)).map(drop)
                 }
-            });
+            },
+        );
         if let Err(err) = outcome {
             if is_fatal_base(py, &err) {
                 shared.raise_later(py, err);

@@ -138,7 +138,7 @@ pub(crate) struct Connecting {
 impl Connecting {
     fn __call__(&self, py: Python<'_>) -> PyResult<()> {
         let fut = self.fut.bind(py);
-        if python::call_method(fut, python::future::done(py), ())?.is_truthy()? {
+        if python::call_method0(fut, python::future::done(py))?.is_truthy()? {
             return Ok(());
         }
         let mut err: libc::c_int = 0;

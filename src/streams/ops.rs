@@ -24,7 +24,7 @@ use pyo3::types::{PyBytes, PyTuple, PyType};
 use pyo3::{ffi, PyTraverseError, PyVisit};
 use smallvec::SmallVec;
 
-use super::reader::{ReaderCore, ReaderState};
+use super::reader::ReaderCore;
 use crate::cell::NativeCell;
 use crate::python;
 
@@ -90,6 +90,9 @@ enum Stage {
 struct OpState {
     stage: Stage,
     kind: Option<Kind>,
+    /// The reader, while the op is not done (so that a finished op kept
+    /// for reuse by its reader, reader.rs, makes no cycle with it).
+    reader: Option<Py<ReaderCore>>,
 }
 
 /// What a step ends with.
@@ -115,7 +118,6 @@ enum Attempt {
 
 #[pyclass(module = "zuvrs._zuvrs", name = "StreamRead", frozen)]
 pub(crate) struct ReadOp {
-    reader: Py<ReaderCore>,
     state: NativeCell<OpState>,
 }
 
@@ -126,27 +128,40 @@ impl ReadOp {
         method: Method,
         arg: Option<Py<PyAny>>,
     ) -> PyResult<Py<ReadOp>> {
-        Py::new(
-            py,
-            ReadOp {
-                reader,
-                state: NativeCell::new(OpState { stage: Stage::Ready, kind: Some(Kind::Start(method, arg)) }),
-            },
-        )
+        let state = OpState { stage: Stage::Ready, kind: Some(Kind::Start(method, arg)), reader: Some(reader) };
+        Py::new(py, ReadOp { state: NativeCell::new(state) })
     }
 
-    fn reader(&self) -> &ReaderCore {
-        self.reader.get()
+    pub(super) fn is_done(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| matches!(st.stage, Stage::Done))
     }
 
-    fn with_reader<R>(&self, py: Python<'_>, f: impl FnOnce(&mut ReaderState) -> R) -> R {
-        self.reader().state.with(py, f)
+    /// Makes a finished op (`is_done`) a new read of `reader`: reader.rs
+    /// reuses the op of its last read when nothing else holds it.
+    pub(super) fn reuse(&self, py: Python<'_>, reader: Py<ReaderCore>, method: Method, arg: Option<Py<PyAny>>) {
+        let old = self.state.with(py, |st| {
+            std::mem::replace(
+                st,
+                OpState { stage: Stage::Ready, kind: Some(Kind::Start(method, arg)), reader: Some(reader) },
+            )
+        });
+        drop(old);
     }
 
     /// One step: the first one (`value` must be None), or the one after
     /// the yielded future completed.
     pub(super) fn advance(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Outcome> {
-        let stage = self.state.with(py, |st| std::mem::replace(&mut st.stage, Stage::Running));
+        let (stage, reader) = self.state.with(py, |st| {
+            (std::mem::replace(&mut st.stage, Stage::Running), st.reader.as_ref().map(|r| r.clone_ref(py)))
+        });
+        let reader = match reader {
+            Some(reader) => reader,
+            None => {
+                self.state.with(py, |st| st.stage = Stage::Done);
+                return Err(PyRuntimeError::new_err("cannot reuse already awaited coroutine"));
+            }
+        };
+        let reader = reader.get();
         match stage {
             Stage::Ready if !value.is_none() => {
                 self.state.with(py, |st| st.stage = Stage::Ready);
@@ -160,16 +175,16 @@ impl ReadOp {
             }
             Stage::Waiting(future) => {
                 // asyncio's _wait_for_data: `finally: self._waiter = None`.
-                let old = self.with_reader(py, |st| st.waiter.take());
+                let old = reader.state.with(py, |st| st.waiter.take());
                 drop(old);
-                if let Err(err) = python::call_method(future.bind(py), python::future::result(py), ()) {
+                if let Err(err) = python::call_method0(future.bind(py), python::future::result(py)) {
                     self.finish(py);
                     return Err(err);
                 }
             }
         }
         let mut kind = self.state.with(py, |st| st.kind.take()).expect("an op that is not done has its kind");
-        let result = self.run(py, &mut kind);
+        let result = run(py, reader, &mut kind);
         match &result {
             Ok(Outcome::Yield(future)) => {
                 let future = future.clone_ref(py);
@@ -188,253 +203,257 @@ impl ReadOp {
 
     /// The op is over: nothing is held any more.
     fn finish(&self, py: Python<'_>) {
-        let old = self.state.with(py, |st| (std::mem::replace(&mut st.stage, Stage::Done), st.kind.take()));
+        let old =
+            self.state.with(py, |st| (std::mem::replace(&mut st.stage, Stage::Done), st.kind.take(), st.reader.take()));
         drop(old);
-    }
-
-    /// Attempts until the read completes, fails or must wait (then the
-    /// waiter future is made and returned, as `_wait_for_data` does).
-    fn run(&self, py: Python<'_>, kind: &mut Kind) -> PyResult<Outcome> {
-        if let Kind::Start(method, arg) = kind {
-            let (method, arg) = (*method, arg.take());
-            match self.start(py, method, arg)? {
-                Started::Run(started) => *kind = started,
-                Started::Done(value) => return Ok(Outcome::Return(value)),
-            }
-        }
-        match self.attempt(py, kind)? {
-            Attempt::Return(value) => Ok(Outcome::Return(value)),
-            Attempt::Wait(name) => self.wait_for_data(py, name).map(Outcome::Yield),
-        }
-    }
-
-    /// The checks a read makes before it looks at the buffer: the read to
-    /// do, or its result already.
-    fn start(&self, py: Python<'_>, method: Method, arg: Option<Py<PyAny>>) -> PyResult<Started> {
-        let empty = || Started::Done(PyBytes::new(py, b"").into_any().unbind());
-        Ok(match method {
-            Method::Read => {
-                self.raise_exception(py)?;
-                let n: isize = match &arg {
-                    Some(a) => a.extract(py)?,
-                    None => -1,
-                };
-                match n {
-                    0 => empty(),
-                    n if n < 0 => Started::Run(Kind::ReadAll { blocks: Vec::new(), waited: false }),
-                    n => Started::Run(Kind::Read { n: n as usize, waited: false }),
-                }
-            }
-            Method::ReadExactly => {
-                let n: isize = arg.expect("readexactly takes n").extract(py)?;
-                if n < 0 {
-                    return Err(PyValueError::new_err("readexactly size can not be less than zero"));
-                }
-                self.raise_exception(py)?;
-                if n == 0 {
-                    empty()
-                } else {
-                    Started::Run(Kind::Exactly { n: n as usize })
-                }
-            }
-            Method::ReadUntil => {
-                let separators = separators(py, arg)?;
-                self.raise_exception(py)?;
-                Started::Run(Kind::Until { separators, offset: 0, mode: Until::Raise })
-            }
-            Method::ReadLine | Method::Next => {
-                self.raise_exception(py)?;
-                let mode = if method == Method::Next { Until::Next } else { Until::Line };
-                Started::Run(Kind::Until {
-                    separators: SmallVec::from_elem(SmallVec::from_slice(b"\n"), 1),
-                    offset: 0,
-                    mode,
-                })
-            }
-        })
-    }
-
-    /// `if self._exception is not None: raise self._exception`.
-    fn raise_exception(&self, py: Python<'_>) -> PyResult<()> {
-        match self.with_reader(py, |st| st.exception.as_ref().map(|e| e.clone_ref(py))) {
-            Some(exc) => Err(PyErr::from_value(exc.into_bound(py))),
-            None => Ok(()),
-        }
-    }
-
-    fn attempt(&self, py: Python<'_>, kind: &mut Kind) -> PyResult<Attempt> {
-        match kind {
-            Kind::Start(..) => unreachable!("started before the first attempt"),
-            Kind::Read { n, waited } => {
-                if !*waited && self.with_reader(py, |st| st.len(py) == 0 && !st.eof) {
-                    *waited = true;
-                    return Ok(Attempt::Wait("read"));
-                }
-                let data = self.with_reader(py, |st| st.take_front(py, *n))?;
-                self.reader().maybe_resume_transport(py)?;
-                Ok(Attempt::Return(data.into_any().unbind()))
-            }
-            Kind::ReadAll { blocks, waited } => loop {
-                // Each turn is one of asyncio's read(self._limit) calls.
-                if !*waited {
-                    self.raise_exception(py)?;
-                    if self.with_reader(py, |st| st.limit > 0 && st.len(py) == 0 && !st.eof) {
-                        *waited = true;
-                        return Ok(Attempt::Wait("read"));
-                    }
-                }
-                *waited = false;
-                let block = self.with_reader(py, |st| st.take_front(py, st.limit.max(0) as usize))?;
-                self.reader().maybe_resume_transport(py)?;
-                if block.as_bytes().is_empty() {
-                    let joined = PyBytes::new(py, b"").call_method1(pyo3::intern!(py, "join"), (&*blocks,))?;
-                    return Ok(Attempt::Return(joined.unbind()));
-                }
-                blocks.push(block.unbind());
-            },
-            Kind::Exactly { n } => {
-                let n = *n;
-                let found = self.with_reader(py, |st| -> PyResult<Option<Result<(), Bound<'_, PyBytes>>>> {
-                    if st.len(py) >= n {
-                        return Ok(Some(Ok(())));
-                    }
-                    if st.eof {
-                        return Ok(Some(Err(st.take_all(py)?)));
-                    }
-                    Ok(None)
-                })?;
-                match found {
-                    None => Ok(Attempt::Wait("readexactly")),
-                    Some(Err(partial)) => Err(incomplete_read_error(py, partial, Some(n))?),
-                    Some(Ok(())) => {
-                        let data = self.with_reader(py, |st| st.take_front(py, n))?;
-                        self.reader().maybe_resume_transport(py)?;
-                        Ok(Attempt::Return(data.into_any().unbind()))
-                    }
-                }
-            }
-            Kind::Until { separators, offset, mode } => self.until(py, separators, offset, *mode),
-        }
-    }
-
-    /// readuntil's loop, asyncio's steps: search from `offset`; past the
-    /// limit without a match, LimitOverrunError; at EOF, IncompleteReadError
-    /// with all there is; else wait and search again.
-    fn until(&self, py: Python<'_>, separators: &[Separator], offset: &mut isize, mode: Until) -> PyResult<Attempt> {
-        let shortest = separators[0].len() as isize;
-        let longest = separators[separators.len() - 1].len() as isize;
-        let step = self.with_reader(py, |st| -> PyResult<Searched<'_>> {
-            let buf = st.contents(py);
-            let buflen = buf.len() as isize;
-            if buflen - *offset >= shortest {
-                if let Some(found) = find_earliest_end(buf, separators, *offset as usize) {
-                    return Ok(Searched::Found(found));
-                }
-                *offset = (buflen + 1 - longest).max(0);
-                if *offset > st.limit {
-                    return Ok(Searched::Overrun("Separator is not found, and chunk exceed the limit", *offset));
-                }
-            }
-            if st.eof {
-                return Ok(Searched::Eof(st.take_all(py)?));
-            }
-            Ok(Searched::Nothing)
-        })?;
-        let (start, end) = match step {
-            Searched::Nothing => return Ok(Attempt::Wait("readuntil")),
-            Searched::Eof(partial) => {
-                return match mode {
-                    Until::Raise => Err(incomplete_read_error(py, partial, None)?),
-                    Until::Next if partial.as_bytes().is_empty() => Err(PyStopAsyncIteration::new_err(())),
-                    Until::Line | Until::Next => Ok(Attempt::Return(partial.into_any().unbind())),
-                };
-            }
-            Searched::Overrun(message, consumed) => return Err(self.overrun(py, mode, message, consumed)?),
-            Searched::Found(found) => found,
-        };
-        if start as isize > self.with_reader(py, |st| st.limit) {
-            return Err(self.overrun(
-                py,
-                mode,
-                "Separator is found, but chunk is longer than limit",
-                start as isize,
-            )?);
-        }
-        let chunk = self.with_reader(py, |st| st.take_front(py, end))?;
-        self.reader().maybe_resume_transport(py)?;
-        Ok(Attempt::Return(chunk.into_any().unbind()))
-    }
-
-    /// LimitOverrunError(message, consumed); readline turns it into
-    /// ValueError(message), first dropping the line (through its newline,
-    /// if that is where the overrun stopped) or else the whole buffer.
-    fn overrun(&self, py: Python<'_>, mode: Until, message: &str, consumed: isize) -> PyResult<PyErr> {
-        let overrun = PyErr::from_value(python::streams(py)?.limit_overrun_error.bind(py).call1((message, consumed))?);
-        if mode == Until::Raise {
-            return Ok(overrun);
-        }
-        self.with_reader(py, |st| {
-            let at = consumed.max(0) as usize;
-            if st.contents(py).get(at..).is_some_and(|rest| rest.starts_with(b"\n")) {
-                st.consume(py, at + 1)
-            } else {
-                st.buffer.bind_borrowed(py).resize(0)
-            }
-        })?;
-        self.reader().maybe_resume_transport(py)?;
-        let err = PyValueError::new_err(message.to_owned());
-        err.set_context(py, Some(overrun));
-        Ok(err)
-    }
-
-    /// asyncio's `_wait_for_data(func_name)` up to its `await`: the checks,
-    /// reading resumed if this reader paused it, and the waiter future made
-    /// and marked as awaited (what `await future` does before it yields).
-    fn wait_for_data(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
-        let checked = self.with_reader(py, |st| {
-            if st.waiter.is_some() {
-                return Err(PyRuntimeError::new_err(format!(
-                    "{name}() called while another coroutine is already waiting for incoming data"
-                )));
-            }
-            if st.eof {
-                return Err(pyo3::exceptions::PyAssertionError::new_err("_wait_for_data after EOF"));
-            }
-            let resume = st.paused.then(|| st.transport.as_ref().map(|t| t.clone_ref(py)));
-            st.paused = false;
-            Ok((resume, st.loop_obj.as_ref().map(|l| l.clone_ref(py))))
-        });
-        let (resume, loop_obj) = checked?;
-        if let Some(transport) = resume {
-            super::reader::resume_reading(py, transport)?;
-        }
-        let loop_obj = loop_obj.unwrap_or_else(|| py.None());
-        let future = python::call_method(loop_obj.bind(py), python::event_loop::create_future(py), ())?;
-        future.setattr(python::future::_asyncio_future_blocking(py), true)?;
-        let future = future.unbind();
-        let old = self.with_reader(py, |st| st.waiter.replace(future.clone_ref(py)));
-        drop(old);
-        Ok(future)
     }
 
     /// `throw()`: the read ends with `err` raised where it waited (its
     /// waiter forgotten, as asyncio's `finally` does).
     fn throw_in(&self, py: Python<'_>, err: PyErr) -> PyErr {
-        let stage = self.state.with(py, |st| std::mem::replace(&mut st.stage, Stage::Done));
-        match stage {
-            Stage::Running => {
+        let (stage, reader) = self.state.with(py, |st| {
+            (std::mem::replace(&mut st.stage, Stage::Done), st.reader.as_ref().map(|r| r.clone_ref(py)))
+        });
+        match (stage, reader) {
+            (Stage::Running, _) => {
                 self.state.with(py, |st| st.stage = Stage::Running);
                 return PyValueError::new_err("coroutine already executing");
             }
-            Stage::Waiting(_) => {
-                let old = self.with_reader(py, |st| st.waiter.take());
+            (Stage::Waiting(_), Some(reader)) => {
+                let old = reader.get().state.with(py, |st| st.waiter.take());
                 drop(old);
             }
-            Stage::Ready | Stage::Done => {}
+            _ => {}
         }
         self.finish(py);
         err
     }
+}
+
+/// Attempts until the read completes, fails or must wait (then the
+/// waiter future is made and returned, as `_wait_for_data` does).
+fn run(py: Python<'_>, reader: &ReaderCore, kind: &mut Kind) -> PyResult<Outcome> {
+    if let Kind::Start(method, arg) = kind {
+        let (method, arg) = (*method, arg.take());
+        match start(py, reader, method, arg)? {
+            Started::Run(started) => *kind = started,
+            Started::Done(value) => return Ok(Outcome::Return(value)),
+        }
+    }
+    match attempt(py, reader, kind)? {
+        Attempt::Return(value) => Ok(Outcome::Return(value)),
+        Attempt::Wait(name) => wait_for_data(py, reader, name).map(Outcome::Yield),
+    }
+}
+
+/// The checks a read makes before it looks at the buffer: the read to
+/// do, or its result already.
+fn start(py: Python<'_>, reader: &ReaderCore, method: Method, arg: Option<Py<PyAny>>) -> PyResult<Started> {
+    let empty = || Started::Done(PyBytes::new(py, b"").into_any().unbind());
+    Ok(match method {
+        Method::Read => {
+            raise_exception(py, reader)?;
+            let n: isize = match &arg {
+                Some(a) => a.extract(py)?,
+                None => -1,
+            };
+            match n {
+                0 => empty(),
+                n if n < 0 => Started::Run(Kind::ReadAll { blocks: Vec::new(), waited: false }),
+                n => Started::Run(Kind::Read { n: n as usize, waited: false }),
+            }
+        }
+        Method::ReadExactly => {
+            let n: isize = arg.expect("readexactly takes n").extract(py)?;
+            if n < 0 {
+                return Err(PyValueError::new_err("readexactly size can not be less than zero"));
+            }
+            raise_exception(py, reader)?;
+            if n == 0 {
+                empty()
+            } else {
+                Started::Run(Kind::Exactly { n: n as usize })
+            }
+        }
+        Method::ReadUntil => {
+            let separators = separators(py, arg)?;
+            raise_exception(py, reader)?;
+            Started::Run(Kind::Until { separators, offset: 0, mode: Until::Raise })
+        }
+        Method::ReadLine | Method::Next => {
+            raise_exception(py, reader)?;
+            let mode = if method == Method::Next { Until::Next } else { Until::Line };
+            Started::Run(Kind::Until {
+                separators: SmallVec::from_elem(SmallVec::from_slice(b"\n"), 1),
+                offset: 0,
+                mode,
+            })
+        }
+    })
+}
+
+/// `if self._exception is not None: raise self._exception`.
+fn raise_exception(py: Python<'_>, reader: &ReaderCore) -> PyResult<()> {
+    match reader.state.with(py, |st| st.exception.as_ref().map(|e| e.clone_ref(py))) {
+        Some(exc) => Err(PyErr::from_value(exc.into_bound(py))),
+        None => Ok(()),
+    }
+}
+
+fn attempt(py: Python<'_>, reader: &ReaderCore, kind: &mut Kind) -> PyResult<Attempt> {
+    match kind {
+        Kind::Start(..) => unreachable!("started before the first attempt"),
+        Kind::Read { n, waited } => {
+            if !*waited && reader.state.with(py, |st| st.len(py) == 0 && !st.eof) {
+                *waited = true;
+                return Ok(Attempt::Wait("read"));
+            }
+            let data = reader.state.with(py, |st| st.take_front(py, *n))?;
+            reader.maybe_resume_transport(py)?;
+            Ok(Attempt::Return(data.into_any().unbind()))
+        }
+        Kind::ReadAll { blocks, waited } => loop {
+            // Each turn is one of asyncio's read(self._limit) calls.
+            if !*waited {
+                raise_exception(py, reader)?;
+                if reader.state.with(py, |st| st.limit > 0 && st.len(py) == 0 && !st.eof) {
+                    *waited = true;
+                    return Ok(Attempt::Wait("read"));
+                }
+            }
+            *waited = false;
+            let block = reader.state.with(py, |st| st.take_front(py, st.limit.max(0) as usize))?;
+            reader.maybe_resume_transport(py)?;
+            if block.as_bytes().is_empty() {
+                let joined = PyBytes::new(py, b"").call_method1(pyo3::intern!(py, "join"), (&*blocks,))?;
+                return Ok(Attempt::Return(joined.unbind()));
+            }
+            blocks.push(block.unbind());
+        },
+        Kind::Exactly { n } => {
+            let n = *n;
+            let found = reader.state.with(py, |st| -> PyResult<Option<Result<(), Bound<'_, PyBytes>>>> {
+                if st.len(py) >= n {
+                    return Ok(Some(Ok(())));
+                }
+                if st.eof {
+                    return Ok(Some(Err(st.take_all(py)?)));
+                }
+                Ok(None)
+            })?;
+            match found {
+                None => Ok(Attempt::Wait("readexactly")),
+                Some(Err(partial)) => Err(incomplete_read_error(py, partial, Some(n))?),
+                Some(Ok(())) => {
+                    let data = reader.state.with(py, |st| st.take_front(py, n))?;
+                    reader.maybe_resume_transport(py)?;
+                    Ok(Attempt::Return(data.into_any().unbind()))
+                }
+            }
+        }
+        Kind::Until { separators, offset, mode } => until(py, reader, separators, offset, *mode),
+    }
+}
+
+/// readuntil's loop, asyncio's steps: search from `offset`; past the
+/// limit without a match, LimitOverrunError; at EOF, IncompleteReadError
+/// with all there is; else wait and search again.
+fn until(
+    py: Python<'_>,
+    reader: &ReaderCore,
+    separators: &[Separator],
+    offset: &mut isize,
+    mode: Until,
+) -> PyResult<Attempt> {
+    let shortest = separators[0].len() as isize;
+    let longest = separators[separators.len() - 1].len() as isize;
+    let step = reader.state.with(py, |st| -> PyResult<Searched<'_>> {
+        let buf = st.contents(py);
+        let buflen = buf.len() as isize;
+        if buflen - *offset >= shortest {
+            if let Some(found) = find_earliest_end(buf, separators, *offset as usize) {
+                return Ok(Searched::Found(found));
+            }
+            *offset = (buflen + 1 - longest).max(0);
+            if *offset > st.limit {
+                return Ok(Searched::Overrun("Separator is not found, and chunk exceed the limit", *offset));
+            }
+        }
+        if st.eof {
+            return Ok(Searched::Eof(st.take_all(py)?));
+        }
+        Ok(Searched::Nothing)
+    })?;
+    let (start, end) = match step {
+        Searched::Nothing => return Ok(Attempt::Wait("readuntil")),
+        Searched::Eof(partial) => {
+            return match mode {
+                Until::Raise => Err(incomplete_read_error(py, partial, None)?),
+                Until::Next if partial.as_bytes().is_empty() => Err(PyStopAsyncIteration::new_err(())),
+                Until::Line | Until::Next => Ok(Attempt::Return(partial.into_any().unbind())),
+            };
+        }
+        Searched::Overrun(message, consumed) => return Err(overrun(py, reader, mode, message, consumed)?),
+        Searched::Found(found) => found,
+    };
+    if start as isize > reader.state.with(py, |st| st.limit) {
+        return Err(overrun(py, reader, mode, "Separator is found, but chunk is longer than limit", start as isize)?);
+    }
+    let chunk = reader.state.with(py, |st| st.take_front(py, end))?;
+    reader.maybe_resume_transport(py)?;
+    Ok(Attempt::Return(chunk.into_any().unbind()))
+}
+
+/// LimitOverrunError(message, consumed); readline turns it into
+/// ValueError(message), first dropping the line (through its newline,
+/// if that is where the overrun stopped) or else the whole buffer.
+fn overrun(py: Python<'_>, reader: &ReaderCore, mode: Until, message: &str, consumed: isize) -> PyResult<PyErr> {
+    let overrun = PyErr::from_value(python::streams(py)?.limit_overrun_error.bind(py).call1((message, consumed))?);
+    if mode == Until::Raise {
+        return Ok(overrun);
+    }
+    reader.state.with(py, |st| {
+        let at = consumed.max(0) as usize;
+        if st.contents(py).get(at..).is_some_and(|rest| rest.starts_with(b"\n")) {
+            st.consume(py, at + 1)
+        } else {
+            st.buffer.bind_borrowed(py).resize(0)
+        }
+    })?;
+    reader.maybe_resume_transport(py)?;
+    let err = PyValueError::new_err(message.to_owned());
+    err.set_context(py, Some(overrun));
+    Ok(err)
+}
+
+/// asyncio's `_wait_for_data(func_name)` up to its `await`: the checks,
+/// reading resumed if this reader paused it, and the waiter future made
+/// and marked as awaited (what `await future` does before it yields).
+fn wait_for_data(py: Python<'_>, reader: &ReaderCore, name: &str) -> PyResult<Py<PyAny>> {
+    let checked = reader.state.with(py, |st| {
+        if st.waiter.is_some() {
+            return Err(PyRuntimeError::new_err(format!(
+                "{name}() called while another coroutine is already waiting for incoming data"
+            )));
+        }
+        if st.eof {
+            return Err(pyo3::exceptions::PyAssertionError::new_err("_wait_for_data after EOF"));
+        }
+        let resume = st.paused.then(|| st.transport.as_ref().map(|t| t.clone_ref(py)));
+        st.paused = false;
+        Ok((resume, st.loop_obj.as_ref().map(|l| l.clone_ref(py))))
+    });
+    let (resume, loop_obj) = checked?;
+    if let Some(transport) = resume {
+        super::reader::resume_reading(py, transport)?;
+    }
+    let loop_obj = loop_obj.unwrap_or_else(|| py.None());
+    let future = python::call_method0(loop_obj.bind(py), python::event_loop::create_future(py))?;
+    future.setattr(python::future::_asyncio_future_blocking(py), true)?;
+    let future = future.unbind();
+    let old = reader.state.with(py, |st| st.waiter.replace(future.clone_ref(py)));
+    drop(old);
+    Ok(future)
 }
 
 /// What readuntil's search of the buffer found.
@@ -584,10 +603,10 @@ impl ReadOp {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.reader)?;
         // SAFETY: the GC holds the GIL; this only reads.
         unsafe {
             self.state.peek(|st| {
+                visit.call(&st.reader)?;
                 if let Stage::Waiting(future) = &st.stage {
                     visit.call(future)?;
                 }

@@ -41,6 +41,9 @@ pub(crate) struct ReaderState {
     /// Reading was paused by this reader (over twice the limit).
     pub(super) paused: bool,
     pub(super) loop_obj: Option<Py<PyAny>>,
+    /// The op of the last read, made again for the next read if nothing
+    /// else holds it by then (reads in a loop allocate no op).
+    spare: Option<Py<ReadOp>>,
 }
 
 impl ReaderState {
@@ -131,7 +134,7 @@ impl ReaderCore {
             st.transport.as_ref().map(|t| t.clone_ref(py))
         });
         let Some(transport) = transport else { return Ok(()) };
-        match python::call_method(transport.bind(py), python::streams::pause_reading(py), ()) {
+        match python::call_method0(transport.bind(py), python::streams::pause_reading(py)) {
             Ok(_) => self.state.with(py, |st| st.paused = true),
             Err(err) if err.is_instance_of::<PyNotImplementedError>(py) => {
                 // The transport cannot pause: buffer everything, and stop asking.
@@ -147,7 +150,7 @@ impl ReaderCore {
     pub(super) fn wakeup_waiter(&self, py: Python<'_>) -> PyResult<()> {
         let Some(waiter) = self.state.with(py, |st| st.waiter.take()) else { return Ok(()) };
         let waiter = waiter.bind(py);
-        if !python::call_method(waiter, python::future::cancelled(py), ())?.is_truthy()? {
+        if !python::call_method0(waiter, python::future::cancelled(py))?.is_truthy()? {
             python::call_method(waiter, python::future::set_result(py), (py.None(),))?;
         }
         Ok(())
@@ -169,8 +172,24 @@ impl ReaderCore {
         }
     }
 
+    /// The op of a read: the last one made again, if only this reader
+    /// holds it (a finished op holds nothing), else a new one.
     fn op(slf: &Bound<'_, Self>, method: Method, arg: Option<Py<PyAny>>) -> PyResult<Py<ReadOp>> {
-        ReadOp::new(slf.py(), slf.clone().unbind(), method, arg)
+        let py = slf.py();
+        let spare = slf.get().state.with(py, |st| st.spare.as_ref().map(|op| op.clone_ref(py)));
+        if let Some(op) = spare {
+            // SAFETY: reading the reference count of a live object; two
+            // references (the slot's and this one) mean nobody else has it.
+            let unshared = unsafe { ffi::Py_REFCNT(op.as_ptr()) } == 2;
+            if unshared && op.get().is_done(py) {
+                op.get().reuse(py, slf.clone().unbind(), method, arg);
+                return Ok(op);
+            }
+        }
+        let op = ReadOp::new(py, slf.clone().unbind(), method, arg)?;
+        let old = slf.get().state.with(py, |st| st.spare.replace(op.clone_ref(py)));
+        drop(old);
+        Ok(op)
     }
 }
 
@@ -178,7 +197,7 @@ impl ReaderCore {
 /// is, None included).
 pub(super) fn resume_reading(py: Python<'_>, transport: Option<Py<PyAny>>) -> PyResult<()> {
     let transport = transport.unwrap_or_else(|| py.None());
-    python::call_method(transport.bind(py), python::streams::resume_reading(py), ())?;
+    python::call_method0(transport.bind(py), python::streams::resume_reading(py))?;
     Ok(())
 }
 
@@ -222,6 +241,7 @@ impl ReaderCore {
                 transport: None,
                 paused: false,
                 loop_obj: None,
+                spare: None,
             }),
         }
     }
@@ -235,7 +255,7 @@ impl ReaderCore {
         drop(old);
         let Some(waiter) = waiter else { return Ok(()) };
         let waiter = waiter.bind(py);
-        if !python::call_method(waiter, python::future::cancelled(py), ())?.is_truthy()? {
+        if !python::call_method0(waiter, python::future::cancelled(py))?.is_truthy()? {
             python::call_method(waiter, python::future::set_exception(py), (exc,))?;
         }
         Ok(())
@@ -406,7 +426,8 @@ impl ReaderCore {
                 visit.call(&st.waiter)?;
                 visit.call(&st.exception)?;
                 visit.call(&st.transport)?;
-                visit.call(&st.loop_obj)
+                visit.call(&st.loop_obj)?;
+                visit.call(&st.spare)
             })
         }
     }

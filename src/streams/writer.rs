@@ -84,7 +84,7 @@ impl WriterCore {
         let reader_failed = match (native_reader, reader) {
             (Some(r), _) => r.get().state.with(py, |st| st.exception.is_some()),
             (None, Some(r)) => {
-                python::call_method(r.bind(py), python::streams::exception(py), ()).map_or(true, |exc| !exc.is_none())
+                python::call_method0(r.bind(py), python::streams::exception(py)).map_or(true, |exc| !exc.is_none())
             }
             (None, None) => false,
         };
@@ -93,7 +93,7 @@ impl WriterCore {
         }
         let closing = match (core, transport) {
             (Some(core), _) => core.get().is_closing(py),
-            (None, Some(t)) => python::call_method(t.bind(py), python::streams::is_closing(py), ())
+            (None, Some(t)) => python::call_method0(t.bind(py), python::streams::is_closing(py))
                 .map_or(true, |c| c.is_truthy().unwrap_or(true)),
             (None, None) => true,
         };

@@ -255,7 +255,7 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
     ) -> PyResult<()> {
         let Some(protocol) = protocol else { return Ok(()) };
         let _context = self.protocol_context(py);
-        if let Err(err) = python::call_method(protocol.bind(py), method, ()) {
+        if let Err(err) = python::call_method0(protocol.bind(py), method) {
             if is_fatal_base(py, &err) {
                 return Err(err);
             }

@@ -475,7 +475,7 @@ impl DatagramCore {
         let shared: *const LoopShared = loop_obj.get().shared();
         // SAFETY: the loop object is alive (borrowed).
         let uv_loop = unsafe { (*shared).uv_loop(py)? };
-        let fd: i32 = python::call_method(sock, python::socket::fileno(py), ())?.extract()?;
+        let fd: i32 = python::call_method0(sock, python::socket::fileno(py))?.extract()?;
         let family: i32 = sock.getattr(python::socket::family(py))?.extract()?;
         if family != libc::AF_INET && family != libc::AF_INET6 && family != libc::AF_UNIX {
             return Err(PyValueError::new_err("an AF_INET, AF_INET6 or AF_UNIX socket is required"));

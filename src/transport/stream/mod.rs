@@ -300,7 +300,7 @@ impl StreamCore {
         drop(dropped);
         if let Some(waiter) = waiter {
             let waiter = waiter.bind(py);
-            if !python::call_method(waiter, python::future::done(py), ())?.is_truthy()? {
+            if !python::call_method0(waiter, python::future::done(py))?.is_truthy()? {
                 let exc = PyConnectionError::new_err("Connection is closed by peer");
                 python::call_method(waiter, python::future::set_exception(py), (exc.into_value(py),))?;
             }

@@ -220,7 +220,7 @@ impl StreamCore {
             };
         }
         let Some(protocol) = self.protocol(py) else { return Ok(()) };
-        match python::call_method(protocol.bind(py), python::protocol::eof_received(py), ()) {
+        match python::call_method0(protocol.bind(py), python::protocol::eof_received(py)) {
             Ok(keep_open) => {
                 if !keep_open.is_truthy()? {
                     self.close_transport(py)?;

@@ -483,7 +483,7 @@ impl StreamCore {
             return Ok(());
         }
         let Some(protocol) = self.protocol(py) else { return Ok(()) };
-        match python::call_method(protocol.bind(py), python::protocol::eof_received(py), ()) {
+        match python::call_method0(protocol.bind(py), python::protocol::eof_received(py)) {
             Ok(keep_open) => {
                 if keep_open.is_truthy()? {
                     python::call_method(
@@ -519,7 +519,7 @@ impl StreamCore {
             TlsState::Handshake => self.tls_abort(py),
             TlsState::Wrapped => {
                 let wrapper = self.wrapper(py);
-                python::call_method(wrapper.bind(py), pyo3::intern!(py, "_tls_shutdown_started"), ())?;
+                python::call_method0(wrapper.bind(py), pyo3::intern!(py, "_tls_shutdown_started"))?;
                 self.tls_do_flush(py)
             }
         }
@@ -569,7 +569,7 @@ impl StreamCore {
     /// queued has gone (or the error is fatal).
     fn tls_shutdown_complete(&self, py: Python<'_>, err: Option<PyErr>) -> PyResult<()> {
         let wrapper = self.wrapper(py);
-        python::call_method(wrapper.bind(py), pyo3::intern!(py, "_tls_shutdown_finished"), ())?;
+        python::call_method0(wrapper.bind(py), pyo3::intern!(py, "_tls_shutdown_finished"))?;
         match err {
             Some(err) => self.tls_fatal_error(py, err, "Fatal error on transport"),
             None => {

@@ -399,7 +399,7 @@ impl StreamCore {
         };
         if let Some(waiter) = waiter {
             let waiter = waiter.bind(py);
-            if !python::call_method(waiter, python::future::done(py), ())?.is_truthy()? {
+            if !python::call_method0(waiter, python::future::done(py))?.is_truthy()? {
                 python::call_method(waiter, python::future::set_result(py), (py.None(),))?;
             }
         }
