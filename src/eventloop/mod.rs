@@ -126,6 +126,9 @@ pub(crate) struct LoopState {
     /// inside a libuv callback: re-raised once `uv_run` returns.
     pending_error: Option<PyErr>,
     clients: Clients,
+    /// `{"loop": <this loop>}`, the keywords `create_future` makes its
+    /// futures with (tasks.rs); dropped when the loop closes.
+    future_kwargs: Option<Py<pyo3::types::PyDict>>,
 }
 
 /// What libuv's callbacks and the native objects living on the loop reach.
@@ -360,11 +363,12 @@ impl LoopCore {
     /// snapshot (loop close or GC clear). Python code may run from here
     /// (__del__ of released objects), so the state is updated first.
     fn release_callbacks(&self, py: Python<'_>) {
-        let (ready, timers, snapshot) = self.shared.state.with(py, |st| {
+        let (ready, timers, snapshot, kwargs) = self.shared.state.with(py, |st| {
             let ready: Vec<Ready> = st.ready.drain(..).collect();
             st.ready.shrink_to_fit();
-            (ready, st.timers.drain(), st.ctx_cache.take())
+            (ready, st.timers.drain(), st.ctx_cache.take(), st.future_kwargs.take())
         });
+        drop(kwargs);
         for r in ready {
             r.cancel(py);
             r.let_go();
@@ -469,6 +473,7 @@ impl LoopCore {
                 thread_id: None,
                 pending_error: None,
                 clients: Clients::default(),
+                future_kwargs: None,
             }),
         });
         let sp: *const LoopShared = &*shared;
@@ -626,7 +631,8 @@ impl LoopCore {
                         h.get().state_cell().peek(|c| c.visit(&visit))?;
                     }
                 }
-                visit.call(&st.thread_id)
+                visit.call(&st.thread_id)?;
+                visit.call(&st.future_kwargs)
             })
         }
     }

@@ -9,7 +9,7 @@
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyString, PyTuple};
+use pyo3::types::{PyDict, PyString, PyTuple};
 use smallvec::SmallVec;
 
 use super::args::FastArgs;
@@ -95,6 +95,8 @@ fn loop_only(py: Python<'_>) -> &Bound<'_, PyTuple> {
     LOOP_ONLY.get_or_init(py, || PyTuple::new(py, [pyo3::intern!(py, "loop")]).expect("tuple").unbind()).bind(py)
 }
 
+/// `Future(loop=self)`: called with a keyword dict the loop keeps (a call
+/// with keyword names would build that dict for every future).
 pub(super) unsafe fn create_future(
     py: Python<'_>,
     slf: *mut ffi::PyObject,
@@ -109,12 +111,32 @@ pub(super) unsafe fn create_future(
             ));
         }
         let future_type = python::asyncio_futures(py)?.getattr(pyo3::intern!(py, "Future"))?;
-        let args = [slf];
-        let r = ffi::PyObject_Vectorcall(future_type.as_ptr(), args.as_ptr(), 0, loop_only(py).as_ptr());
+        let obj = Bound::from_borrowed_ptr(py, slf);
+        let shared = obj.cast_unchecked::<LoopCore>().get().shared();
+        let kwargs = match shared.state.with(py, |st| st.future_kwargs.as_ref().map(|k| k.clone_ref(py))) {
+            Some(kwargs) => kwargs,
+            None => {
+                let kwargs = PyDict::new(py);
+                kwargs.set_item(pyo3::intern!(py, "loop"), &obj)?;
+                let kwargs = kwargs.unbind();
+                // A closed loop makes no futures, so it keeps none (close drops it).
+                if !shared.state.with(py, |st| st.closed) {
+                    let old = shared.state.with(py, |st| st.future_kwargs.replace(kwargs.clone_ref(py)));
+                    drop(old);
+                }
+                kwargs
+            }
+        };
+        let r = ffi::PyObject_Call(future_type.as_ptr(), empty_tuple(py).as_ptr(), kwargs.as_ptr());
         if r.is_null() {
             Err(PyErr::fetch(py))
         } else {
             Ok(r)
         }
     }
+}
+
+fn empty_tuple(py: Python<'_>) -> &Bound<'_, PyTuple> {
+    static EMPTY: PyOnceLock<Py<PyTuple>> = PyOnceLock::new();
+    EMPTY.get_or_init(py, || PyTuple::empty(py).unbind()).bind(py)
 }
