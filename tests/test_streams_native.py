@@ -846,3 +846,43 @@ def test_install_outside_a_loop_raises_as_asyncio():
             coro.send(None)
     finally:
         zs.uninstall()
+
+
+# -- what is made on first use -------------------------------------------------------
+
+
+def test_close_waiter_and_done_future_as_asyncio(loop, streams):
+    """wait_closed() before and after the end, a close with an error that
+    nobody retrieves (not reported), and the writer's completed future."""
+
+    async def main():
+        contexts = []
+        loop.set_exception_handler(lambda lp, ctx: contexts.append(ctx))
+        accepted = loop.create_future()
+
+        async def handle(reader, writer):
+            accepted.set_result(writer)
+
+        server = await streams.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await streams.open_connection("127.0.0.1", port)
+        peer = await accepted
+        assert writer._complete_fut.done() and writer._complete_fut.result() is None
+        waiting = asyncio.ensure_future(writer.wait_closed())
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        writer.close()
+        await asyncio.wait_for(waiting, TIMEOUT)
+        await writer.wait_closed()
+        # The peer's end closed by an error no one asks about.
+        peer.transport._force_close(ConnectionResetError("reset"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ConnectionResetError):
+            await peer.wait_closed()
+        server.close()
+        await server.wait_closed()
+        del peer, reader, writer
+        gc.collect()
+        return contexts
+
+    assert run(loop, main()) == []

@@ -298,6 +298,27 @@ def test_extra_info_socket_taken_before_and_after_close(loop):
     run(loop, main())
 
 
+def test_extra_info_first_asked_after_close(loop):
+    # Names nobody asked for while the connection was open are still there
+    # after it closed, on both ends, with what was not asked for at all
+    # answered by the default.
+    async def main():
+        pair = await TcpPair.open()
+        ct, st = pair.client.transport, pair.server.transport
+        assert ct.get_extra_info("sslcontext") is None
+        assert st.get_extra_info("nothing", "default") == "default"
+        await pair.aclose()
+        for t in (ct, st):
+            assert t.get_extra_info("sockname")[0] == "127.0.0.1"
+            assert t.get_extra_info("peername")[0] == "127.0.0.1"
+            assert t.get_extra_info("socket").fileno() == -1
+            assert t.get_extra_info("nothing", 7) == 7
+        assert ct.get_extra_info("sockname") == st.get_extra_info("peername")
+        assert ct.get_extra_info("peername") == st.get_extra_info("sockname")
+
+    run(loop, main())
+
+
 def test_transport_types_and_extra_info(loop):
     async def main():
         pair = await TcpPair.open()

@@ -37,6 +37,7 @@ import asyncio
 import collections.abc
 import functools
 import sys
+import weakref
 from asyncio import coroutines, events
 from asyncio import streams as _aio
 from collections.abc import Awaitable, Callable
@@ -99,7 +100,71 @@ class StreamReader(_zuvrs.StreamReaderCore, _aio.StreamReader):
 
 class StreamReaderProtocol(_aio.StreamReaderProtocol):
     """asyncio.StreamReaderProtocol whose zuvrs transport feeds a native
-    reader directly, and whose server connections get zuvrs writers."""
+    reader directly, and whose server connections get zuvrs writers.
+
+    Two of asyncio's per-connection objects are made when first used: the
+    deque of drain waiters (a drain only waits while writing is paused) and
+    the future ``wait_closed()`` awaits (made by then, or at the end of the
+    connection). An idle connection holds neither."""
+
+    # Where the lazily made objects are kept.
+    _drain_waiters_deque = None
+    _closed_future = None
+
+    def __init__(self, stream_reader, client_connected_cb=None, loop=None):
+        if loop is None:
+            # asyncio's choice of loop, with its warnings.
+            super().__init__(stream_reader, client_connected_cb)
+            return
+        # asyncio's state (FlowControlMixin's, then its own) without the
+        # objects made on first use.
+        self._loop = loop
+        self._paused = False
+        self._connection_lost = False
+        if stream_reader is not None:
+            self._stream_reader_wr = weakref.ref(stream_reader)
+            self._source_traceback = stream_reader._source_traceback
+        else:
+            self._stream_reader_wr = None
+        if client_connected_cb is not None:
+            # A server's: the reader lives until the connection is made.
+            self._strong_reader = stream_reader
+        self._reject_connection = False
+        if _KEEPS_SERVER_WRITER:
+            self._stream_writer = None
+        self._task = None
+        self._transport = None
+        self._client_connected_cb = client_connected_cb
+        self._over_ssl = False
+
+    @property
+    def _drain_waiters(self):
+        waiters = self._drain_waiters_deque
+        if waiters is None:
+            waiters = self._drain_waiters_deque = collections.deque()
+        return waiters
+
+    @_drain_waiters.setter
+    def _drain_waiters(self, waiters):
+        self._drain_waiters_deque = waiters
+
+    @property
+    def _closed(self):
+        closed = self._closed_future
+        if closed is None:
+            closed = self._closed_future = self._loop.create_future()
+        return closed
+
+    @_closed.setter
+    def _closed(self, future):
+        self._closed_future = future
+
+    def __del__(self):
+        # asyncio's: an exception the closing future holds is taken, so it
+        # is not reported (nothing to do if it was never made).
+        closed = self._closed_future
+        if closed is not None and closed.done() and not closed.cancelled():
+            closed.exception()
 
     def connection_made(self, transport):
         # asyncio's steps without the server's (they would make asyncio's
@@ -159,7 +224,16 @@ def _handler_done(loop, transport, task):
 
 
 class StreamWriter(_zuvrs.StreamWriterCore, _aio.StreamWriter):
-    """asyncio.StreamWriter whose write, writelines and drain are native."""
+    """asyncio.StreamWriter whose write, writelines and drain are native
+    (and whose unused completed future, ``_complete_fut``, is made only if
+    something asks for it)."""
+
+    def __init__(self, transport, protocol, reader, loop):
+        assert reader is None or isinstance(reader, _aio.StreamReader)
+        self._transport = transport
+        self._protocol = protocol
+        self._reader = reader
+        self._loop = loop
 
     # What drain() returns when it has to wait or raise.
     _drain_coroutine = _aio.StreamWriter.drain

@@ -208,9 +208,22 @@ impl WriterCore {
         drop(old);
     }
 
+    /// asyncio's writer keeps a completed future it never uses; this one
+    /// is made when first asked for.
     #[getter(_complete_fut)]
-    fn get_complete_fut(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.state.with(py, |st| st.complete_fut.as_ref().map(|f| f.clone_ref(py)))
+    fn get_complete_fut(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let (fut, loop_obj) = self.state.with(py, |st| {
+            (st.complete_fut.as_ref().map(|f| f.clone_ref(py)), st.loop_obj.as_ref().map(|l| l.clone_ref(py)))
+        });
+        if let Some(fut) = fut {
+            return Ok(fut);
+        }
+        let loop_obj = loop_obj.unwrap_or_else(|| py.None());
+        let fut = python::call_method0(loop_obj.bind(py), python::event_loop::create_future(py))?;
+        python::call_method(&fut, python::future::set_result(py), (py.None(),))?;
+        let fut = fut.unbind();
+        self.state.with(py, |st| st.complete_fut = Some(fut.clone_ref(py)));
+        Ok(fut)
     }
 
     #[setter(_complete_fut)]

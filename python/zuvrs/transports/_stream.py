@@ -3,7 +3,11 @@
 The transport is an ``asyncio.Transport`` (through asyncio's flow-control
 base, on which asyncio's sendfile fallback insists); libuv owns the
 socket's fd. Connections that zuvrs accepts or connects natively have no
-socket object until ``get_extra_info('socket')`` asks for one.
+extra info until something asks for it (``get_extra_info('socket')``,
+``'sockname'``, ``'peername'``, or ``_extra``): then their names are
+fetched and the dict made, and the socket object only when it is used.
+A connection that ends without anyone asking fetches its names as it lets
+go of the fd, so they can still be asked for after the close, as asyncio's.
 """
 
 import os
@@ -84,6 +88,10 @@ class _TransportSocket(trsock.TransportSocket):
 
 _new_tsock = _TransportSocket.__new__
 
+# What the extra info of a socket transport holds (anything else it is asked
+# for is the default until the dict is made).
+_NAMES = frozenset(("socket", "sockname", "peername"))
+
 
 class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControlMixin):
     """A TCP or Unix stream socket transport over a StreamCore."""
@@ -98,6 +106,40 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
     is_reading = CoreMethod("is_reading")
     write_eof = CoreMethod("write_eof")
     abort = CoreMethod("abort")
+
+    # The extra info (see the module docstring): the dict once made, and
+    # until then the (fd, family, proto, peername) to make it from.
+    _extra_dict = None
+    _pending_extra = None
+    _tsock = None
+
+    @property
+    def _extra(self):
+        extra = self._extra_dict
+        if extra is None:
+            extra = self._extra_dict = self._make_extra()
+        return extra
+
+    @_extra.setter
+    def _extra(self, extra):
+        self._extra_dict = extra
+        self._pending_extra = None
+
+    def get_extra_info(self, name, default=None):
+        extra = self._extra_dict
+        if extra is None and name not in _NAMES:
+            return default
+        return self._extra.get(name, default)
+
+    def _make_extra(self):
+        """The extra info of a connection zuvrs set up natively."""
+        fd, family, proto, peername = self._pending_extra
+        self._pending_extra = None
+        # (_TransportSocket's constructor for a bare fd, inline.)
+        self._tsock = tsock = _new_tsock(_TransportSocket)
+        tsock._pending = (fd, family, proto)
+        sockname, peername = _tcp_names(fd, peername)
+        return {"socket": tsock, "sockname": sockname, "peername": peername}
 
     def __init__(self, loop, sock, protocol, waiter=None, extra=None, server=None):
         self._open_socket(loop, sock, extra)
@@ -142,12 +184,7 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         try:
             self._loop = loop
             self._fd = self._sock_fd = fd
-            # (_TransportSocket's constructor for a bare fd, inline: this
-            # runs once per connection.)
-            self._tsock = tsock = _new_tsock(_TransportSocket)
-            tsock._pending = (fd, family, proto)
-            sockname, peername = _tcp_names(fd, peername)
-            self._extra = {"socket": tsock, "sockname": sockname, "peername": peername}
+            self._pending_extra = (fd, family, proto, peername)
             core = _open_core(loop, fd, self, False)
         except BaseException:
             os.close(fd)
@@ -184,7 +221,10 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
     def _socket(self):
         """The socket object (made now if this transport was opened on a
         bare fd); None once the transport has released its fd."""
-        return None if self._released else self._tsock._sock
+        if self._released:
+            return None
+        self._extra  # (made now if it is still to be made)
+        return self._tsock._sock
 
     def can_write_eof(self):
         return True
@@ -217,6 +257,9 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
             self._release_fd(True)
 
     def _let_go_of_fd(self, core):
+        if self._pending_extra is not None:
+            # The names are still to be had, for asking after the close.
+            self._extra
         self._tsock._let_go()
         core._close_handle()
         server, self._server = self._server, None
