@@ -111,7 +111,6 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
     # until then the (fd, family, proto, peername) to make it from.
     _extra_dict = None
     _pending_extra = None
-    _tsock = None
 
     @property
     def _extra(self):
@@ -136,7 +135,7 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         fd, family, proto, peername = self._pending_extra
         self._pending_extra = None
         # (_TransportSocket's constructor for a bare fd, inline.)
-        self._tsock = tsock = _new_tsock(_TransportSocket)
+        tsock = _new_tsock(_TransportSocket)
         tsock._pending = (fd, family, proto)
         sockname, peername = _tcp_names(fd, peername)
         return {"socket": tsock, "sockname": sockname, "peername": peername}
@@ -149,7 +148,7 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
 
     def _open_socket(self, loop, sock, extra):
         self._extra = dict(extra or ())
-        self._tsock = self._extra["socket"] = _TransportSocket.of_socket(sock)
+        self._extra["socket"] = _TransportSocket.of_socket(sock)
         socket_extra(self._extra, sock)
         self._loop = loop
         self._fd = self._sock_fd = sock.fileno()
@@ -208,7 +207,7 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         the socket's hang-up as an end of file instead. None otherwise."""
         if self._extra.get("peername") is not None:
             return None
-        sock = self._tsock._sock
+        sock = self._extra["socket"]._sock
         try:
             sock.recv(1, socket.MSG_PEEK)
         except (BlockingIOError, InterruptedError):
@@ -223,8 +222,7 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         bare fd); None once the transport has released its fd."""
         if self._released:
             return None
-        self._extra  # (made now if it is still to be made)
-        return self._tsock._sock
+        return self._extra["socket"]._sock
 
     def can_write_eof(self):
         return True
@@ -257,10 +255,9 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
             self._release_fd(True)
 
     def _let_go_of_fd(self, core):
-        if self._pending_extra is not None:
-            # The names are still to be had, for asking after the close.
-            self._extra
-        self._tsock._let_go()
+        # The names are fetched now if nobody asked yet, for asking after
+        # the close.
+        self._extra["socket"]._let_go()
         core._close_handle()
         server, self._server = self._server, None
         if server is not None:
