@@ -38,7 +38,7 @@ import collections.abc
 import functools
 import sys
 import weakref
-from asyncio import coroutines, events
+from asyncio import coroutines, events, format_helpers
 from asyncio import streams as _aio
 from collections.abc import Awaitable, Callable
 from typing import Any, Union
@@ -89,6 +89,15 @@ _BUILT_ON = {
 class StreamReader(_zuvrs.StreamReaderCore, _aio.StreamReader):
     """asyncio.StreamReader with its state and reads native."""
 
+    def __init__(self, limit=_DEFAULT_LIMIT, loop=None):
+        if loop is None or type(limit) is not int or limit <= 0:
+            # asyncio's own: its errors, its choice of loop and warnings.
+            super().__init__(limit, loop)
+            return
+        self._set_up(limit, loop)
+        if loop.get_debug():
+            self._source_traceback = format_helpers.extract_stack(sys._getframe(1))
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         for name, bases in _BUILT_ON.items():
@@ -104,12 +113,14 @@ class StreamReaderProtocol(_aio.StreamReaderProtocol):
 
     Two of asyncio's per-connection objects are made when first used: the
     deque of drain waiters (a drain only waits while writing is paused) and
-    the future ``wait_closed()`` awaits (made by then, or at the end of the
-    connection). An idle connection holds neither."""
+    the future ``wait_closed()`` awaits (made done if the connection is over
+    already). A connection that nobody waits on makes neither."""
 
-    # Where the lazily made objects are kept.
+    # Where the lazily made objects are kept, and (exc,) once the
+    # connection is lost before anyone asked for the closing future.
     _drain_waiters_deque = None
     _closed_future = None
+    _closed_by = None
 
     def __init__(self, stream_reader, client_connected_cb=None, loop=None):
         if loop is None:
@@ -153,11 +164,44 @@ class StreamReaderProtocol(_aio.StreamReaderProtocol):
         closed = self._closed_future
         if closed is None:
             closed = self._closed_future = self._loop.create_future()
+            if self._closed_by is not None:
+                # The connection is over already: with its outcome.
+                _settle(closed, self._closed_by[0])
         return closed
 
     @_closed.setter
     def _closed(self, future):
         self._closed_future = future
+
+    def connection_lost(self, exc):
+        # asyncio's (this class's and FlowControlMixin's), with the closing
+        # future made only if it is wanted.
+        reader = self._stream_reader
+        if reader is not None:
+            if exc is None:
+                reader.feed_eof()
+            else:
+                reader.set_exception(exc)
+        closed = self._closed_future
+        if closed is None:
+            self._closed_by = (exc,)
+        elif not closed.done():
+            _settle(closed, exc)
+        self._connection_lost = True
+        if self._paused:
+            for waiter in self._drain_waiters:
+                if not waiter.done():
+                    if exc is None:
+                        waiter.set_result(None)
+                    else:
+                        waiter.set_exception(exc)
+        self._stream_reader_wr = None
+        self._stream_writer = None
+        self._task = None
+        self._transport = None
+
+    def _get_close_waiter(self, stream):
+        return self._closed
 
     def __del__(self):
         # asyncio's: an exception the closing future holds is taken, so it
@@ -203,6 +247,13 @@ class StreamReaderProtocol(_aio.StreamReaderProtocol):
         self._strong_reader = None
 
 
+def _settle(future, exc):
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)
+
+
 # Up to 3.12 the protocol keeps the server's writer; from 3.11 a handler
 # that fails is reported and its transport closed; from 3.13 a cancelled one
 # closes it too.
@@ -230,10 +281,7 @@ class StreamWriter(_zuvrs.StreamWriterCore, _aio.StreamWriter):
 
     def __init__(self, transport, protocol, reader, loop):
         assert reader is None or isinstance(reader, _aio.StreamReader)
-        self._transport = transport
-        self._protocol = protocol
-        self._reader = reader
-        self._loop = loop
+        self._set_up(transport, protocol, reader, loop)
 
     # What drain() returns when it has to wait or raise.
     _drain_coroutine = _aio.StreamWriter.drain

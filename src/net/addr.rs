@@ -36,6 +36,52 @@ const SUN_PATH_LEN: usize = std::mem::size_of::<libc::sockaddr_un>() - SUN_PATH_
 /// Longer than any IPv4 or IPv6 address text (INET6_ADDRSTRLEN is 46).
 const TEXT_MAX: usize = 64;
 
+/// `a.b.c.d` for an IPv4 address in network order, into `out`; its length.
+fn ipv4_text(octets: [u8; 4], out: &mut [u8; 16]) -> usize {
+    let mut n = 0;
+    for (i, octet) in octets.into_iter().enumerate() {
+        if i > 0 {
+            out[n] = b'.';
+            n += 1;
+        }
+        if octet >= 100 {
+            out[n] = b'0' + octet / 100;
+            n += 1;
+        }
+        if octet >= 10 {
+            out[n] = b'0' + octet / 10 % 10;
+            n += 1;
+        }
+        out[n] = b'0' + octet % 10;
+        n += 1;
+    }
+    n
+}
+
+thread_local! {
+    /// The host text of the last IPv4 address made a Python object: the
+    /// peers of a server, the server of a client, are mostly the same few
+    /// addresses, and a str is immutable, so they can share one.
+    static LAST_IPV4_HOST: std::cell::RefCell<Option<(u32, Py<PyString>)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The host text of an IPv4 address (network order) as a Python str.
+fn ipv4_host(py: Python<'_>, addr: u32) -> Bound<'_, PyString> {
+    LAST_IPV4_HOST.with(|last| {
+        if let Some((a, host)) = last.borrow().as_ref() {
+            if *a == addr {
+                return host.bind(py).clone();
+            }
+        }
+        let mut text = [0u8; 16];
+        let n = ipv4_text(addr.to_ne_bytes(), &mut text);
+        // Digits and dots only.
+        let host = PyString::new(py, std::str::from_utf8(&text[..n]).unwrap_or_default());
+        *last.borrow_mut() = Some((addr, host.clone().unbind()));
+        host
+    })
+}
+
 /// The socket address types a `SockAddr` holds.
 trait Family {}
 impl Family for libc::sockaddr_in {}
@@ -189,9 +235,15 @@ impl SockAddr {
             }
             _ => return None,
         };
+        if self.family() == libc::AF_INET {
+            // What inet_ntop prints for IPv4, without its printf.
+            let mut text = [0u8; 16];
+            let n = ipv4_text(self.view::<libc::sockaddr_in>().sin_addr.s_addr.to_ne_bytes(), &mut text);
+            // Digits and dots only.
+            return Some(f(std::str::from_utf8(&text[..n]).unwrap_or_default(), port));
+        }
         let mut text = [0 as libc::c_char; TEXT_MAX];
-        // SAFETY: src is an in_addr / in6_addr of the family; text has room
-        // for either.
+        // SAFETY: src is an in6_addr; text has room for it.
         let p = unsafe { inet_ntop(self.family(), src, text.as_mut_ptr(), TEXT_MAX as libc::socklen_t) };
         if p.is_null() {
             return None;
@@ -212,7 +264,11 @@ impl SockAddr {
             return Ok(py.None());
         }
         match self.family() {
-            libc::AF_INET | libc::AF_INET6 => {
+            libc::AF_INET => {
+                let host = ipv4_host(py, self.view::<libc::sockaddr_in>().sin_addr.s_addr);
+                Ok(self.ip_python_form(py, host.into_any())?.into_any().unbind())
+            }
+            libc::AF_INET6 => {
                 let Some(host) = self.with_ip_text(|host, _| PyString::new(py, host)) else {
                     return Err(os_error(last_errno()));
                 };
@@ -346,6 +402,14 @@ mod tests {
         assert!(SockAddr::ip("127.1", 0, 0, 0, 0).is_none(), "inet_pton takes dotted quads only");
         assert!(SockAddr::ip("localhost", 0, 0, 0, 0).is_none());
         assert!(SockAddr::ip("1.2.3.4", libc::AF_INET6, 0, 0, 0).is_none());
+    }
+
+    #[test]
+    fn ipv4_text_is_inet_ntops() {
+        for addr in ["0.0.0.0", "127.0.0.1", "10.20.30.40", "255.255.255.255", "1.100.9.199", "192.168.0.10"] {
+            let a = SockAddr::ip(addr, 0, 1, 0, 0).expect("literal");
+            assert_eq!(a.ip_text(), Some((addr.to_string(), 1)));
+        }
     }
 
     #[test]

@@ -246,6 +246,16 @@ impl ReaderCore {
         }
     }
 
+    /// What asyncio's `__init__(limit, loop)` sets besides the fresh state,
+    /// for an int limit > 0 and a loop (zuvrs.streams checks them).
+    fn _set_up(&self, py: Python<'_>, limit: isize, loop_obj: Py<PyAny>) {
+        let old = self.state.with(py, |st| {
+            st.limit = limit;
+            st.loop_obj.replace(loop_obj)
+        });
+        drop(old);
+    }
+
     fn exception(&self, py: Python<'_>) -> Option<Py<PyAny>> {
         self.state.with(py, |st| st.exception.as_ref().map(|e| e.clone_ref(py)))
     }

@@ -123,6 +123,22 @@ impl WriterCore {
         WriterCore { state: NativeCell::new(WriterState::default()) }
     }
 
+    /// What asyncio's `__init__(transport, protocol, reader, loop)` sets,
+    /// but the completed future (made when first asked for).
+    fn _set_up(
+        &self,
+        py: Python<'_>,
+        transport: Option<Py<PyAny>>,
+        protocol: Option<Py<PyAny>>,
+        reader: Option<Py<PyAny>>,
+        loop_obj: Option<Py<PyAny>>,
+    ) {
+        self.set_transport(py, transport);
+        self.set_protocol(py, protocol);
+        self.set_reader(py, reader);
+        self.set_loop(py, loop_obj);
+    }
+
     fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         match self.transport_or_none(py) {
             (Some(core), _) => core.get().write(py, data),

@@ -171,9 +171,9 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
         let (loop_obj, wrapper, context) =
             self.with_base(py, |b| (b.loop_obj.clone_ref(py), b.wrapper.clone_ref(py), b.context.clone_ref(py)));
         let cb = wrapper.bind(py).getattr(python::transport::_call_connection_lost(py))?;
-        let kwargs = pyo3::types::PyDict::new(py);
-        kwargs.set_item(python::event_loop::context(py), context)?;
-        python::call_method_kw(loop_obj.bind(py), python::event_loop::call_soon(py), (cb, exc), &kwargs)?;
+        let exc = exc.unwrap_or_else(|| py.None()).into_bound(py);
+        let call_soon = python::event_loop::call_soon(py);
+        python::call_method_in_context(loop_obj.bind(py), call_soon, &[&cb, &exc], context.bind(py))?;
         Ok(())
     }
 
