@@ -34,6 +34,17 @@ EXAMPLES = {
             r"server closed",
         ],
     ),
+    "native_streams": (
+        [],
+        [],
+        [
+            r"limit 8: ValueError: Separator is found, but chunk is longer than limit; left b'short\\n'",
+            r"zuvrs\.streams: zuvrs\.streams\.StreamReader, an asyncio\.StreamReader: True",
+            r"zuvrs\.streams: echoed b'line 0\\nline 1\\nline 2\\n'",
+            r"asyncio after install\(\): zuvrs\.streams\.StreamReader, an asyncio\.StreamReader: True",
+            r"asyncio after install\(\): echoed b'line 0\\nline 1\\nline 2\\n'",
+        ],
+    ),
     "uvicorn_app": (
         [],
         ["uvicorn"],
