@@ -119,7 +119,10 @@ def _check(result: dict, loop_name: str) -> None:
 #: (loop, workload) -> why it is expected to fail; such a failure is an
 #: xfail (not strict: a fixed loop simply passes). rloop 0.5 never delivers
 #: the peer's close: a server does not see its client's EOF, a client does
-#: not see the server's close (short_connections also loses the reply).
+#: not see the server's close (short_connections also loses the reply). Its
+#: close() leaves the socket open: the socket is closed when the transport
+#: is freed, which its maps' deferred reclamation does only in batches (see
+#: workloads._note_unclosed).
 _RLOOP_NO_EOF = ("rloop does not deliver the peer's close (EOF): its close() "
                  "leaves the socket open (closed only when the transport is freed)")
 KNOWN_FAILURES = {

@@ -690,8 +690,12 @@ def _note_unclosed(info: Dict[str, Any], what: str,
     """After a peer did not see a close in time: say whether the closed
     side's sockets are still open in this process (the same fd still names
     the same socket), i.e. the loop's close() never closed them, so no FIN
-    was sent (rloop 0.5: a transport's socket is closed only when the
-    transport object is freed)."""
+    was sent. rloop 0.5 does this: a transport's socket is closed only when
+    the transport object is freed, and after close() its own maps (papaya
+    hash maps, whose removed entries are reclaimed later, in batches) still
+    hold two references to it, so a run's last closes never reach the peer
+    while the loop runs (10 client connections closed: the server sees 0
+    EOFs; 100: 96; 1,000: 989)."""
     left = []
     for sid in ids:
         if sid is None:
