@@ -2952,8 +2952,9 @@ def readline_echo_load(loop_factory: LoopFactory,
     ops / elapsed is lines per second over the client's clock (from before
     its first connect to the last echo; the client process's start-up is
     not in it). ``info`` has the client's and the server's CPU share of
-    their cores over that window: a client share near 1.0 would mean the
-    client, not the server, was the limit."""
+    their cores over that window (a client share near 1.0 would mean the
+    client, not the server, was the limit) and their CPU time per line,
+    which a busy machine distorts less than lines/s."""
     import _loadgen
 
     conns = READLINE_CONNECTIONS
@@ -3038,10 +3039,15 @@ def readline_echo_load(loop_factory: LoopFactory,
         info["client_errors"] = "; ".join(map(str, client["errors"]))
     if "cpu_share" in client:
         info["client_cpu_share"] = round(client["cpu_share"], 3)
+    if client.get("cpu_s") and client.get("lines"):
+        info["client_cpu_us_per_line"] = round(client["cpu_s"] / client["lines"] * 1e6, 2)
     if "t1" in window and window["t1"] > window["t0"]:
-        # this process from its first connection to its last EOF
-        info["server_cpu_share"] = round(
-            (window["cpu1"] - window["cpu0"]) / (window["t1"] - window["t0"]), 3)
+        # this process from its first connection to its last EOF; its CPU
+        # time per line holds up better than lines/s on a busy machine
+        cpu = window["cpu1"] - window["cpu0"]
+        info["server_cpu_share"] = round(cpu / (window["t1"] - window["t0"]), 3)
+        if st["served"]:
+            info["server_cpu_us_per_line"] = round(cpu / st["served"] * 1e6, 2)
     parity = {"lines": client.get("lines", 0), "matches": client.get("matches", 0),
               "checksum": client.get("checksum", 0),
               "overruns": client.get("overruns", 0),
