@@ -1004,3 +1004,21 @@ def test_compare_reports_new_loops_and_values(tmp_path) -> None:
     if "uvloop" in loops:
         assert "idle_connections (lower is better)" in md
         assert " [" in md.split("## Ratio over uvloop")[1].split("##")[0]
+
+
+def test_cpu_cost_subtracts_the_base(capsys) -> None:
+    """cpu_cost.py's cost per operation is the median CPU at the size minus
+    the median at the base size, over the extra operations; a failed sample
+    is counted and flagged; the script runs end to end."""
+    import cpu_cost
+
+    out = {"zuvrs": {"size": [(1.0, 2.0), (1.2, 2.2), (5.0, 9.0)],
+                     "base": [(0.1, 0.2), (0.1, 0.2), (0.3, 0.4)],
+                     "bad": 1, "rates": [10.0, 30.0]}}
+    row = cpu_cost.summarise(out, 1001, 1)["zuvrs"]
+    assert row["user"] == pytest.approx((1.2 - 0.1) / 1000)
+    assert row["system"] == pytest.approx((2.2 - 0.2) / 1000)
+    assert row["bad"] == 1 and row["n"] == 3 and row["rate"] == 20.0
+    assert cpu_cost.main(["--loops", "asyncio", "--workload", "call_soon",
+                          "--size", "20000", "--base", "1000", "--samples", "1"]) == 0
+    assert "| asyncio |" in capsys.readouterr().out
