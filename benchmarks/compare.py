@@ -91,7 +91,9 @@ Options: ``--loops``, ``--workloads``, ``--samples K`` (default 5),
 minutes for the scheduling workloads and 2-3 for the network ones with four
 loops; rloop's network failures cost 2-5 s each; the TLS, HTTP keep-alive,
 WebSocket and flow-controlled bulk workloads add some more, not yet timed
-on a quiet machine), ``--scale F`` / ``--size NAME=N``
+on a quiet machine; readline_echo_load, the redis rows and idle_connections
+took 8 minutes with six loops on a busy machine, redis_get_set most of
+it), ``--scale F`` / ``--size NAME=N``
 (sizes), ``--timeout S`` (per sample), ``--cpus 0`` (pin every sample),
 ``--python PATH`` (interpreter for samples), ``--no-gc`` (diagnostic only,
 never a headline), ``--no-prelude`` (diagnostic), ``--gc-time`` (time the

@@ -4,9 +4,14 @@ process workload on every loop.
     python3 -m pytest benchmarks -q                # plain tests: bodies + parity
     python3 -m pytest benchmarks --codspeed        # timings (pytest-codspeed)
 
-Each benchmark is parametrised by loop (asyncio, uvloop, rloop, zuvrs); a
-loop whose package is not importable is skipped, and so is a loop that does
-not support a workload (workloads.Unsupported: rloop has no Unix sockets).
+Each benchmark is parametrised by loop (workloads.LOOP_NAMES: asyncio,
+uvloop, rloop, rsloop, zuvrs and zuvrs-streams, whose factory installs
+zuvrs.streams for the test and the fixture uninstalls it after); a loop
+whose package is not importable is skipped, and so is a loop that does not
+support a workload (workloads.Unsupported: rloop has no Unix sockets). The
+redis workloads are skipped where redis-py, hiredis or redis-server is
+missing; readline_echo_load builds its C load generator with the system's
+compiler (or falls back to the Python one).
 A network workload runs its server and client on the loop under test (the
 pipe and UDP workloads both ends too). Sizes are small so that
 the plain run takes a few seconds; ZUVRS_BENCH_SCALE=<float> multiplies
