@@ -566,7 +566,8 @@ def info_lines(wr: Dict[str, Any], loops: List[str]) -> List[str]:
     """Per loop, what the network workloads report besides parity: socket
     options as the loop left them (from the first sample that has them) and
     the median of numeric notes (reads per response, ...) over good
-    samples; flags socket options that differ between loops."""
+    samples (over all of them, said so, when none was good); flags socket
+    options that differ between loops."""
     lines: List[str] = []
     socks: Dict[str, str] = {}
     for l in loops:
@@ -583,6 +584,11 @@ def info_lines(wr: Dict[str, Any], loops: List[str]) -> List[str]:
             socks[l] = "; ".join(parts)
         good = [s["info"] for s in samples
                 if s.get("ok") and isinstance(s.get("info"), dict)]
+        if not good and infos:
+            # every sample failed: their notes still say what happened
+            # (e.g. tcp_bulk's throughput up to the last byte)
+            good = infos
+            parts.append("(all samples failed; medians over them)")
         keys = sorted({k for i in good for k, v in i.items()
                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
         for k in keys:

@@ -104,6 +104,7 @@ def main(argv: List[str] | None = None) -> int:
     rows = summarise(measure(a.python, loops, a.workload, a.size, base, a.samples, extra),
                      a.size, base)
     unit = workloads.UNITS.get(a.workload, "op")
+    unit = unit[:-1] if unit.endswith("s") else unit  # per line, per pair
     try:
         load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
