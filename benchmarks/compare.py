@@ -95,7 +95,10 @@ on a quiet machine; readline_echo_load, the redis rows and idle_connections
 took 8 minutes with six loops on a busy machine, redis_get_set most of
 it), ``--scale F`` / ``--size NAME=N``
 (sizes), ``--timeout S`` (per sample), ``--cpus 0`` (pin every sample),
-``--python PATH`` (interpreter for samples), ``--no-gc`` (diagnostic only,
+``--python PATH`` (interpreter for samples), ``--peer-cpu other|same|none``
+(where the peer processes of readline_echo_load and the redis rows run:
+another CPU than the loop, the default; the loop's own, which takes the
+cross-CPU wake-up per round trip out; or unpinned), ``--no-gc`` (diagnostic only,
 never a headline), ``--no-prelude`` (diagnostic), ``--gc-time`` (time the
 cyclic GC's pauses per sample with ``gc.callbacks`` and report each loop's
 median GC time, its share of the run and the collections per generation),
@@ -970,7 +973,8 @@ def render_markdown(report: Dict[str, Any]) -> str:
     L.append(f"samples        {report['config']['samples']} per cell, "
              f"warm-ups {report['config']['warmups']}, timeout {report['config']['timeout']:g} s, "
              f"cpus {report['config']['cpus'] or 'not pinned'}, network prelude "
-             f"{'OFF' if report['config'].get('no_prelude') else 'on'}")
+             f"{'OFF' if report['config'].get('no_prelude') else 'on'}, peer processes on "
+             f"the {report['config'].get('peer_cpu', 'other')} CPU")
     L.append("sizes          " + ", ".join(f"{w}={wr['size']:,}" for w, wr in res.items()))
     for w, wr in res.items():
         peers = peer_info(wr)
@@ -1024,6 +1028,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="pin every sample to these CPUs, e.g. 0 (default: not pinned)")
     ap.add_argument("--python", default=sys.executable,
                     help="interpreter that runs the samples (default: this one)")
+    ap.add_argument("--peer-cpu", choices=workloads.PEER_CPU_MODES, default=None,
+                    help="where readline_echo_load's load generator and the redis "
+                         "workloads' redis-server run: another CPU than the loop "
+                         "(other, the default), the loop's (same), or unpinned "
+                         "(none); sets ZUVRS_BENCH_PEER_CPU for the samples")
     ap.add_argument("--no-gc", action="store_true",
                     help="DIAGNOSTIC: disable the GC in samples (never a headline)")
     ap.add_argument("--no-prelude", action="store_true",
@@ -1056,6 +1065,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             ap.error(f"bad --size {spec!r} (workload must be selected; N an integer)")
         sizes[name] = int(val)
 
+    if a.peer_cpu:
+        os.environ["ZUVRS_BENCH_PEER_CPU"] = a.peer_cpu  # the samples inherit it
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     t_start = time.perf_counter()
     _progress(f"compare.py: loops {loops}, workloads {wnames}, {samples_k} samples, "
@@ -1161,7 +1172,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "unavailable": unavailable,
         "config": {"samples": samples_k, "warmups": a.warmups, "quick": a.quick,
                    "scale": scale, "timeout": timeout, "cpus": a.cpus,
-                   "no_gc": a.no_gc, "no_prelude": a.no_prelude, "gc_time": a.gc_time, "sizes": sizes},
+                   "no_gc": a.no_gc, "no_prelude": a.no_prelude, "gc_time": a.gc_time, "sizes": sizes,
+                   "peer_cpu": os.environ.get("ZUVRS_BENCH_PEER_CPU", "other")},
         "gc_in_samples": ("enabled" if gc_seen == {True} else
                           "DISABLED" if gc_seen == {False} else
                           "mixed" if gc_seen else "n/a"),

@@ -1027,3 +1027,22 @@ def test_cpu_cost_subtracts_the_base(capsys) -> None:
     assert cpu_cost.main(["--loops", "asyncio", "--workload", "call_soon",
                           "--size", "20000", "--base", "1000", "--samples", "1"]) == 0
     assert "| asyncio |" in capsys.readouterr().out
+
+
+def test_peer_cpu_modes(monkeypatch) -> None:
+    """ZUVRS_BENCH_PEER_CPU places the peer process: on another CPU than the
+    loop (default), on the same one, or nowhere in particular; anything
+    else is refused."""
+    avail = sorted(os.sched_getaffinity(0))
+    monkeypatch.delenv("ZUVRS_BENCH_PEER_CPU", raising=False)
+    _, own, peer = workloads._cpu_pair()
+    if len(avail) >= 2:
+        assert own == avail[0] and peer == avail[1]
+    monkeypatch.setenv("ZUVRS_BENCH_PEER_CPU", "same")
+    _, own, peer = workloads._cpu_pair()
+    assert own == peer == avail[0]
+    monkeypatch.setenv("ZUVRS_BENCH_PEER_CPU", "none")
+    assert workloads._cpu_pair()[1:] == (None, None)
+    monkeypatch.setenv("ZUVRS_BENCH_PEER_CPU", "elsewhere")
+    with pytest.raises(ValueError):
+        workloads._cpu_pair()

@@ -2891,17 +2891,38 @@ def subprocess_pipe_output(loop_factory: LoopFactory,
 # --------------------------------------------------------------------------
 
 
+#: where the peer process runs (ZUVRS_BENCH_PEER_CPU; compare.py
+#: --peer-cpu): "other" (the default: another CPU than the loop under
+#: test), "same" (the loop's CPU: no cross-CPU wake-up per round trip, which
+#: on a virtual machine can cost more than the loop's own work) or "none"
+#: (nothing pinned)
+PEER_CPU_MODES = ("other", "same", "none")
+
+
 def _cpu_pair() -> Tuple[List[int] | None, int | None, int | None]:
-    """(this process's affinity, a CPU for the loop under test, another CPU
-    for the peer process); the CPUs are None where fewer than two are
-    available (then nothing is pinned)."""
+    """(this process's affinity, a CPU for the loop under test, a CPU for
+    the peer process), as ZUVRS_BENCH_PEER_CPU says; the CPUs are None
+    where nothing is to be pinned (mode "none", or "other" with fewer than
+    two CPUs available)."""
+    mode = os.environ.get("ZUVRS_BENCH_PEER_CPU", "other") or "other"
+    if mode not in PEER_CPU_MODES:
+        raise ValueError(f"ZUVRS_BENCH_PEER_CPU={mode!r}: one of {PEER_CPU_MODES}")
     try:
         avail = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return None, None, None
-    if len(avail) < 2:
+    if mode == "none" or (mode == "other" and len(avail) < 2):
         return avail, None, None
+    if mode == "same":
+        return avail, avail[0], avail[0]
     return avail, avail[0], avail[1]
+
+
+def _cpus_note(own: int | None, peer: int | None, own_name: str, peer_name: str) -> str:
+    if own is None:
+        return "not pinned"
+    same = " (the same CPU)" if own == peer else ""
+    return f"{own_name} {own}, {peer_name} {peer}{same}"
 
 
 def _restore_affinity(affinity: List[int] | None) -> None:
@@ -2967,8 +2988,7 @@ def readline_echo_load(loop_factory: LoopFactory,
     info: Dict[str, Any] = {}
     info["prelude"] = _prelude(loop_factory)  # untimed
     affinity, server_cpu, client_cpu = _cpu_pair()
-    info["cpus"] = (f"server {server_cpu}, client {client_cpu}"
-                    if server_cpu is not None else "not pinned (fewer than 2 CPUs)")
+    info["cpus"] = _cpus_note(server_cpu, client_cpu, "server", "client")
     window: Dict[str, float] = {}
 
     async def main() -> None:
@@ -3226,8 +3246,7 @@ def _redis(name: str, loop_factory: LoopFactory, n: int,
             exp_crc = zlib.crc32(values[i % REDIS_VALUES], exp_crc)
     info["prelude"] = _prelude(loop_factory)  # untimed
     affinity, own_cpu, peer_cpu = _cpu_pair()
-    info["cpus"] = (f"client {own_cpu}, redis-server {peer_cpu}"
-                    if own_cpu is not None else "not pinned (fewer than 2 CPUs)")
+    info["cpus"] = _cpus_note(own_cpu, peer_cpu, "client", "redis-server")
 
     def note_connection(pool: Any) -> None:
         conns = list(getattr(pool, "_available_connections", []))
