@@ -713,7 +713,7 @@ def now_utc() -> str:
 
 
 def add_common_args(ap: Any) -> None:
-    ap.add_argument("--loops", default=",".join(workloads.LOOP_NAMES),
+    ap.add_argument("--loops", default=",".join(workloads.HTTP_LOOP_NAMES),
                     help="comma-separated (default: %(default)s)")
     ap.add_argument("--samples", type=int, default=5,
                     help="measured samples per loop and cell (default 5)")

@@ -278,6 +278,10 @@ def sample(name: str, workload: str, size: int, no_gc: bool,
             out["error"] += f"; {guard}"
         if timeouts:
             out["error"] += f"; {'; '.join(timeouts)}"
+        why = (res.get("info") or {}).get("close_not_done") or (
+            res.get("info") or {}).get("streams_not_as_claimed")
+        if why:
+            out["error"] += f"; {why}"
         _emit(out)
         return 3
     _emit(out)

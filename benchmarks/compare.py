@@ -15,6 +15,19 @@ Usage (from the repository root)::
         subprocess_pipe_output,pipe_roundtrip
     python3 benchmarks/compare.py --workloads tcp_echo_streams,tls_echo_streams,tcp_bulk,tls_bulk,\
         tls_handshakes,http_keepalive,tls_http_keepalive,websocket,tls_websocket,tcp_bulk_flow
+    python3 benchmarks/compare.py --quick --loops uvloop,rloop,rsloop,zuvrs,zuvrs-streams \
+        --workloads readline_echo_load,redis_get_set,redis_pipeline,idle_connections
+
+Loops (``workloads.LOOP_NAMES``): asyncio (the control), uvloop, rloop,
+rsloop, zuvrs, and zuvrs-streams: zuvrs with ``zuvrs.streams.install()`` in
+force, so that asyncio.open_connection, start_server, open_unix_connection
+and start_unix_server give zuvrs's native streams (the zuvrs column has
+asyncio's). rsloop runs as it ships: importing it replaces
+asyncio.open_connection and start_server (not the Unix ones) with its own
+fast streams on rsloop loops. Every stream workload records the
+StreamReader class each side got, and a sample whose class is not the one
+its loop claims (``workloads.STREAM_READERS``) fails its parity
+(``streams_as_claimed``); the classes are listed per loop in the details.
 
 What it does:
 
@@ -31,8 +44,10 @@ What it does:
   "unsupported" (a loop lacking what the workload needs, e.g. rloop and
   Unix sockets) are recorded and shown in the table cell of that loop;
   nothing is retried.
-* Output: a summary table (median ops/s per loop, ratios zuvrs/uvloop,
-  zuvrs/asyncio, zuvrs/rloop from medians), the ratios over uvloop, and per
+* Output: a summary table (median ops/s per loop; ratios from medians:
+  zuvrs over uvloop, asyncio, rloop and rsloop, zuvrs-streams over uvloop,
+  zuvrs and rsloop, for the loops in the run), the ratios over uvloop with
+  their spread (min / max .. max / min of the two cells' samples), and per
   workload the median, min, max and CV of the throughput, the median time,
   the median peak RSS (ru_maxrss of the sample process, and its growth over
   the RSS before the workload), and the errors; then a provenance block
@@ -42,6 +57,12 @@ What it does:
   options the loop left (TCP_NODELAY, SO_SNDBUF, SO_RCVBUF) and how reads
   were split; with both split_writes workloads, a "split / single" table
   gives each loop's throughput with two writes per response over one.
+  A workload in ``workloads.VALUE_WORKLOADS`` (idle_connections) reports a
+  measured value instead of a throughput: its cells are that value (KiB of
+  RSS per connection pair, lower is better), and its ratios are ratios of
+  the value; the rows say so.
+  Workloads with a peer process (readline_echo_load's load generator,
+  redis-server) list it in the provenance with the CPUs each side ran on.
   With TLS workloads, a "TLS" section gives each loop's TLS / plain ratio
   for every TLS workload run with its plain counterpart
   (workloads.TLS_PAIRS), which TLS path each loop's connections took
@@ -70,9 +91,14 @@ Options: ``--loops``, ``--workloads``, ``--samples K`` (default 5),
 minutes for the scheduling workloads and 2-3 for the network ones with four
 loops; rloop's network failures cost 2-5 s each; the TLS, HTTP keep-alive,
 WebSocket and flow-controlled bulk workloads add some more, not yet timed
-on a quiet machine), ``--scale F`` / ``--size NAME=N``
+on a quiet machine; readline_echo_load, the redis rows and idle_connections
+took 8 minutes with six loops on a busy machine, redis_get_set most of
+it), ``--scale F`` / ``--size NAME=N``
 (sizes), ``--timeout S`` (per sample), ``--cpus 0`` (pin every sample),
-``--python PATH`` (interpreter for samples), ``--no-gc`` (diagnostic only,
+``--python PATH`` (interpreter for samples), ``--peer-cpu other|same|none``
+(where the peer processes of readline_echo_load and the redis rows run:
+another CPU than the loop, the default; the loop's own, which takes the
+cross-CPU wake-up per round trip out; or unpinned), ``--no-gc`` (diagnostic only,
 never a headline), ``--no-prelude`` (diagnostic), ``--gc-time`` (time the
 cyclic GC's pauses per sample with ``gc.callbacks`` and report each loop's
 median GC time, its share of the run and the collections per generation),
@@ -132,6 +158,34 @@ pytest-codspeed suite ``benchmarks/test_benchmarks.py``)::
     tls_http_keepalive  http_keepalive over 16 TLS connections
     tls_websocket       websocket over wss://
 
+    other processes (the peer pinned to another CPU than the loop under
+    test where the sample may use two; see workloads.py):
+    readline_echo_load     100,000 lines echoed by a start_server readline
+                           echo server (readline, write, drain), loaded by
+                           benchmarks/_loadgen.c in another process: 100
+                           connections x 1,000 lines ping-pong, every echo
+                           compared and CRC-32 checked; lines/s over the
+                           client's clock; info gives the client's and the
+                           server's CPU share (a client share near 1.0
+                           would mean the client was the limit;
+                           ``_loadgen.py --capacity`` measures it against a
+                           C echo server)
+    redis_get_set          20,000 SET + GET round trips with redis-py's
+                           asyncio client (default pool, hiredis parser for
+                           every loop) against a private redis-server (no
+                           persistence) started by the sample, values
+                           checked
+    redis_pipeline         100,000 commands in pipelines of 100 (50 SET +
+                           50 GET), the same client and server
+
+    memory (a value, lower is better):
+    idle_connections       5,000 idle stream connection pairs, both ends in
+                           the sample (the server handler in readline()):
+                           RSS growth per pair in KiB after gc.collect(),
+                           against the RSS before the first connection;
+                           every close then seen (RLIMIT_NOFILE raised for
+                           the sockets and restored)
+
     datagrams, pipes, child processes (the loop under test does both ends):
     udp_echo               20,000 round trips of 512-byte datagrams between
                            two create_datagram_endpoint endpoints on
@@ -182,7 +236,11 @@ from _sample import MARKER  # noqa: E402
 QUICK_SCALE = 0.5
 QUICK_SAMPLES = 3
 # How zuvrs is compared; the first of these that exist get ratio columns.
-RATIO_BASES = ("uvloop", "asyncio", "rloop")
+RATIO_BASES = ("uvloop", "asyncio", "rloop", "rsloop")
+#: the summary's ratio columns: (subject, bases); a column appears when
+#: both loops take part in the run
+SUMMARY_RATIOS = (("zuvrs", RATIO_BASES),
+                  ("zuvrs-streams", ("uvloop", "zuvrs", "rsloop")))
 
 
 # --------------------------------------------------------------------------
@@ -392,6 +450,26 @@ def fmt_rate(x: Optional[float]) -> str:
     return f"{x:.0f}"
 
 
+def fmt_value(x: Optional[float]) -> str:
+    """A measured value (workloads.VALUE_WORKLOADS), e.g. KiB per pair."""
+    if x is None:
+        return "-"
+    return f"{x:.2f}" if abs(x) < 100 else f"{x:.0f}"
+
+
+def fmt_cell(w: str, x: Optional[float]) -> str:
+    """A cell's number: a throughput, or the value of a value workload."""
+    return fmt_value(x) if w in workloads.VALUE_WORKLOADS else fmt_rate(x)
+
+
+def sample_figure(s: Dict[str, Any]) -> Optional[float]:
+    """What a good sample measured: its ``value`` (value workloads) or its
+    throughput, ops / elapsed."""
+    if s.get("value") is not None:
+        return s["value"]
+    return s["ops"] / s["elapsed"] if s.get("elapsed") else None
+
+
 def fmt_mib(b: Optional[float]) -> str:
     return "-" if b is None else f"{b / 2**20:.0f}"
 
@@ -404,7 +482,7 @@ def cell_stats(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
                           "errors_short": [s.get("error_short", "error")
                                            for s in bad]}
     if good:
-        rates = [s["ops"] / s["elapsed"] for s in good if s.get("elapsed")]
+        rates = [x for x in map(sample_figure, good) if x is not None]
         times = [s["elapsed"] for s in good]
         st["median"] = statistics.median(rates)
         st["min"] = min(rates)
@@ -445,6 +523,15 @@ def status_text(st: Optional[Dict[str, Any]], unavailable: Optional[str]) -> str
     return ""
 
 
+def ratio_spread(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]]) -> str:
+    """The range of a / b over the two cells' samples: min(a) / max(b) ..
+    max(a) / min(b) ('' where it cannot be computed)."""
+    if (not a or not b or a.get("min") is None or b.get("min") is None
+            or not b["min"] or not b["max"]):
+        return ""
+    return f"{a['min'] / b['max']:.2f}-{a['max'] / b['min']:.2f}"
+
+
 def ratio(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]],
           key: str = "median") -> str:
     if not a or not b or a.get(key) is None or b.get(key) is None or not b[key]:
@@ -482,7 +569,8 @@ def info_lines(wr: Dict[str, Any], loops: List[str]) -> List[str]:
     """Per loop, what the network workloads report besides parity: socket
     options as the loop left them (from the first sample that has them) and
     the median of numeric notes (reads per response, ...) over good
-    samples; flags socket options that differ between loops."""
+    samples (over all of them, said so, when none was good); flags socket
+    options that differ between loops."""
     lines: List[str] = []
     socks: Dict[str, str] = {}
     for l in loops:
@@ -499,6 +587,11 @@ def info_lines(wr: Dict[str, Any], loops: List[str]) -> List[str]:
             socks[l] = "; ".join(parts)
         good = [s["info"] for s in samples
                 if s.get("ok") and isinstance(s.get("info"), dict)]
+        if not good and infos:
+            # every sample failed: their notes still say what happened
+            # (e.g. tcp_bulk's throughput up to the last byte)
+            good = infos
+            parts.append("(all samples failed; medians over them)")
         keys = sorted({k for i in good for k, v in i.items()
                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
         for k in keys:
@@ -596,6 +689,24 @@ def tls_lines(report: Dict[str, Any]) -> List[str]:
     return L
 
 
+#: info keys that say what a workload's peer was (another process, a
+#: library): shown in the provenance
+PEER_KEYS = ("client", "client_cpu_share", "cpus", "redis_server", "redis_py",
+             "hiredis", "parser")
+
+
+def peer_info(wr: Dict[str, Any]) -> str:
+    """The peers of a workload (load generator, redis-server, redis-py and
+    its parser, the CPUs), from its first sample that reports them."""
+    for samples in wr["samples"].values():
+        for smp in samples:
+            i = smp.get("info")
+            if isinstance(i, dict) and any(k in i for k in PEER_KEYS):
+                return ", ".join(f"{k} {i[k]}" for k in PEER_KEYS
+                                 if k in i and k != "client_cpu_share")
+    return ""
+
+
 def render_markdown(report: Dict[str, Any]) -> str:
     loops: List[str] = report["loops"]
     unavailable: Dict[str, str] = report["unavailable"]
@@ -655,31 +766,39 @@ def render_markdown(report: Dict[str, Any]) -> str:
         L.append("")
 
     # ---- summary ----
-    has_z = "zuvrs" in loops
-    bases = [b for b in RATIO_BASES if b in loops and b != "zuvrs"]
+    pairs = [(subj, b) for subj, bs in SUMMARY_RATIOS if subj in loops
+             for b in bs if b in loops and b != subj]
+    values = [w for w in res if w in workloads.VALUE_WORKLOADS]
     L.append("## Summary: median throughput")
     L.append("")
+    if values:
+        L.append("Rows marked *lower is better* give a measured value, not a "
+                 "throughput (" + ", ".join(
+                     f"`{w}`: {workloads.VALUE_WORKLOADS[w][0]}" for w in values)
+                 + "); their ratios are ratios of that value.")
+        L.append("")
     head = ["workload", "size"] + loops
-    if has_z:
-        head += [f"zuvrs/{b}" for b in bases]
+    head += [f"{subj}/{b}" for subj, b in pairs]
     L.append("| " + " | ".join(head) + " |")
     L.append("|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|")
     for w, wr in res.items():
-        cells = [w, f"{wr['size']:,}" + (f" {workloads.UNITS[w]}"
-                                         if w in workloads.UNITS else "")]
+        size = f"{wr['size']:,}" + (f" {workloads.UNITS[w]}" if w in workloads.UNITS else "")
+        if w in workloads.VALUE_WORKLOADS:
+            unit, lower = workloads.VALUE_WORKLOADS[w]
+            size += f"; {unit}" + (", *lower is better*" if lower else "")
+        cells = [w, size]
         for l in loops:
             st = wr["stats"].get(l)
             bad = status_text(st, unavailable.get(l) and "not installed")
             if bad and (st is None or st["n_ok"] == 0):
                 cells.append(bad)
             else:
-                c = fmt_rate(st["median"])
+                c = fmt_cell(w, st["median"])
                 if st["n_ok"] < st["n"]:
                     c += f" ({st['n_ok']}/{st['n']} ok)"
                 cells.append(c)
-        if has_z:
-            for b in bases:
-                cells.append(ratio(wr["stats"].get("zuvrs"), wr["stats"].get(b)))
+        for subj, b in pairs:
+            cells.append(ratio(wr["stats"].get(subj), wr["stats"].get(b)))
         L.append("| " + " | ".join(cells) + " |")
     L.append("")
 
@@ -687,15 +806,22 @@ def render_markdown(report: Dict[str, Any]) -> str:
         others = [l for l in loops if l != "uvloop"]
         L.append("## Ratio over uvloop (median throughput)")
         L.append("")
+        L.append("Each cell: the ratio of medians, then in brackets its spread, "
+                 "min / max .. max / min over the two cells' samples.")
+        L.append("")
         L.append("| workload | " + " | ".join(others) + " |")
         L.append("|---|" + "|".join(["---:"] * len(others)) + "|")
         for w, wr in res.items():
-            cells = [w]
+            cells = [w + (" (lower is better)" if workloads.VALUE_WORKLOADS.get(w, ("", False))[1]
+                          else "")]
             for l in others:
                 if l in unavailable:
                     cells.append("not installed")
                 else:
-                    cells.append(ratio(wr["stats"].get(l), wr["stats"].get("uvloop")))
+                    a, b = wr["stats"].get(l), wr["stats"].get("uvloop")
+                    r = ratio(a, b)
+                    spread = ratio_spread(a, b) if r != "n/a" else ""
+                    cells.append(r + (f" [{spread}]" if spread else ""))
             L.append("| " + " | ".join(cells) + " |")
         L.append("")
 
@@ -731,7 +857,9 @@ def render_markdown(report: Dict[str, Any]) -> str:
     for w, wr in res.items():
         L.append(f"### {w}: {wr['size']:,} {wr['description']}")
         L.append("")
-        L.append(f"| loop | median {workloads.UNITS.get(w, 'ops')}/s | min | max | CV | median time (s) "
+        what = (f"median {workloads.VALUE_WORKLOADS[w][0]}" if w in workloads.VALUE_WORKLOADS
+                else f"median {workloads.UNITS.get(w, 'ops')}/s")
+        L.append(f"| loop | {what} | min | max | CV | median time (s) "
                  "| peak RSS (MiB) | RSS growth (MiB) | samples ok | errors |")
         L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for l in loops:
@@ -744,8 +872,8 @@ def render_markdown(report: Dict[str, Any]) -> str:
                 L.append(f"| {l} | **{err}** | | | | | | | 0/{st['n']} | {err} |")
                 continue
             L.append(
-                f"| {l} | {fmt_rate(st['median'])} | {fmt_rate(st['min'])} | "
-                f"{fmt_rate(st['max'])} | {st['cv'] * 100:.1f}% | "
+                f"| {l} | {fmt_cell(w, st['median'])} | {fmt_cell(w, st['min'])} | "
+                f"{fmt_cell(w, st['max'])} | {st['cv'] * 100:.1f}% | "
                 f"{st['median_time']:.3f} | {fmt_mib(st['rss_peak'])} | "
                 f"{fmt_mib(st['rss_growth'])} | {st['n_ok']}/{st['n']} | {err} |")
         if wr.get("warmup_errors"):
@@ -766,17 +894,16 @@ def render_markdown(report: Dict[str, Any]) -> str:
         if info:
             L.append("")
             L.extend(info)
-        if has_z and "zuvrs" in avail:
-            z = wr["stats"].get("zuvrs")
-            parts = []
-            for b in bases:
-                if b in avail:
-                    bs = wr["stats"].get(b)
-                    parts.append(f"zuvrs/{b}: throughput {ratio(z, bs)}, "
-                                 f"peak RSS {ratio(z, bs, 'rss_peak')}")
-            if parts:
-                L.append("")
-                L.append("; ".join(parts) + ".")
+        parts = []
+        figure = "value" if w in workloads.VALUE_WORKLOADS else "throughput"
+        for subj, b in pairs:
+            if subj in avail and b in avail:
+                z, bs = wr["stats"].get(subj), wr["stats"].get(b)
+                parts.append(f"{subj}/{b}: {figure} {ratio(z, bs)}, "
+                             f"peak RSS {ratio(z, bs, 'rss_peak')}")
+        if parts:
+            L.append("")
+            L.append("; ".join(parts) + ".")
         L.append("")
 
     # ---- errors ----
@@ -824,7 +951,9 @@ def render_markdown(report: Dict[str, Any]) -> str:
         L.append(line)
         for e in pr.get("extensions", []):
             L.append(f"{'':<14} {os.path.basename(e['file'])}: {e['bytes']:,} bytes, mtime {e['mtime']}")
-        if l == "zuvrs":
+        if workloads.LOOP_NOTES.get(l):
+            L.append(f"{'':<14} {workloads.LOOP_NOTES[l]}")
+        if l.startswith("zuvrs"):
             b = {k: v for k, v in pr.get("build", {}).items()
                  if not k.endswith("__version__")}
             L.append(f"{'':<14} build profile: {build_profile(pr) or 'not exposed (unknown)'}; "
@@ -844,8 +973,13 @@ def render_markdown(report: Dict[str, Any]) -> str:
     L.append(f"samples        {report['config']['samples']} per cell, "
              f"warm-ups {report['config']['warmups']}, timeout {report['config']['timeout']:g} s, "
              f"cpus {report['config']['cpus'] or 'not pinned'}, network prelude "
-             f"{'OFF' if report['config'].get('no_prelude') else 'on'}")
+             f"{'OFF' if report['config'].get('no_prelude') else 'on'}, peer processes on "
+             f"the {report['config'].get('peer_cpu', 'other')} CPU")
     L.append("sizes          " + ", ".join(f"{w}={wr['size']:,}" for w, wr in res.items()))
+    for w, wr in res.items():
+        peers = peer_info(wr)
+        if peers:
+            L.append(f"{'peers':<14} {w}: {peers}")
     L.append("```")
     L.append("")
     L.append("Stock asyncio is the control: if its numbers are far from their "
@@ -894,6 +1028,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="pin every sample to these CPUs, e.g. 0 (default: not pinned)")
     ap.add_argument("--python", default=sys.executable,
                     help="interpreter that runs the samples (default: this one)")
+    ap.add_argument("--peer-cpu", choices=workloads.PEER_CPU_MODES, default=None,
+                    help="where readline_echo_load's load generator and the redis "
+                         "workloads' redis-server run: another CPU than the loop "
+                         "(other, the default), the loop's (same), or unpinned "
+                         "(none); sets ZUVRS_BENCH_PEER_CPU for the samples")
     ap.add_argument("--no-gc", action="store_true",
                     help="DIAGNOSTIC: disable the GC in samples (never a headline)")
     ap.add_argument("--no-prelude", action="store_true",
@@ -926,6 +1065,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             ap.error(f"bad --size {spec!r} (workload must be selected; N an integer)")
         sizes[name] = int(val)
 
+    if a.peer_cpu:
+        os.environ["ZUVRS_BENCH_PEER_CPU"] = a.peer_cpu  # the samples inherit it
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     t_start = time.perf_counter()
     _progress(f"compare.py: loops {loops}, workloads {wnames}, {samples_k} samples, "
@@ -985,7 +1126,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 else:
                     wr["samples"][l].append(s)
                     label = f"round {i + 1}/{samples_k}"
-                if s.get("ok"):
+                if s.get("ok") and w in workloads.VALUE_WORKLOADS:
+                    what = (f"{fmt_value(s.get('value'))} {workloads.VALUE_WORKLOADS[w][0]} "
+                            f"({s['elapsed']:.3f} s, peak RSS {fmt_mib(s.get('rss_peak'))} MiB)")
+                elif s.get("ok"):
                     what = (f"{fmt_rate(s['ops'] / s['elapsed'])} ops/s "
                             f"({s['elapsed']:.3f} s, peak RSS {fmt_mib(s.get('rss_peak'))} MiB)")
                 else:
@@ -1028,7 +1172,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "unavailable": unavailable,
         "config": {"samples": samples_k, "warmups": a.warmups, "quick": a.quick,
                    "scale": scale, "timeout": timeout, "cpus": a.cpus,
-                   "no_gc": a.no_gc, "no_prelude": a.no_prelude, "gc_time": a.gc_time, "sizes": sizes},
+                   "no_gc": a.no_gc, "no_prelude": a.no_prelude, "gc_time": a.gc_time, "sizes": sizes,
+                   "peer_cpu": os.environ.get("ZUVRS_BENCH_PEER_CPU", "other")},
         "gc_in_samples": ("enabled" if gc_seen == {True} else
                           "DISABLED" if gc_seen == {False} else
                           "mixed" if gc_seen else "n/a"),

@@ -44,7 +44,8 @@ DEFAULT_WORKLOADS = ["sleep0_tasks", "tcp_echo_streams", "tcp_echo_protocol",
 
 #: a substring of each loop's own shared object, as perf names it (its
 #: file name: uvloop's is ``loop.cpython-*.so``)
-OWN_DSO = {"zuvrs": "_zuvrs.", "uvloop": "loop.cpython-", "rloop": "_rloop."}
+OWN_DSO = {"zuvrs": "_zuvrs.", "zuvrs-streams": "_zuvrs.", "uvloop": "loop.cpython-",
+           "rloop": "_rloop.", "rsloop": "_loop.cpython-"}
 
 #: the tiny size whose profile is subtracted (start-up, prelude, set-up)
 BASE_FRACTION = 0.02

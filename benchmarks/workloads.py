@@ -65,14 +65,55 @@ LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 # --------------------------------------------------------------------------
 
 #: Every loop the benchmarks know, in default display order.
-LOOP_NAMES = ("asyncio", "uvloop", "rloop", "zuvrs")
+#: ``zuvrs-streams`` is zuvrs with ``zuvrs.streams.install()`` in force (its
+#: factory calls it), so that asyncio.open_connection / start_server /
+#: open_unix_connection / start_unix_server give zuvrs's native streams;
+#: ``rsloop`` is rsloop as it ships: importing it replaces
+#: asyncio.open_connection and start_server (not the Unix ones) with its
+#: own fast streams whenever the running loop is an rsloop loop.
+LOOP_NAMES = ("asyncio", "uvloop", "rloop", "rsloop", "zuvrs", "zuvrs-streams")
+#: the HTTP benchmarks' default loops (their servers and clients use
+#: protocols, not streams, so zuvrs-streams would repeat zuvrs)
+HTTP_LOOP_NAMES = ("asyncio", "uvloop", "rloop", "zuvrs")
 
 #: name -> (module to import, attribute that makes a new loop)
 _LOOP_MODULES = {
     "asyncio": ("asyncio", "new_event_loop"),
     "uvloop": ("uvloop", "new_event_loop"),
     "rloop": ("rloop", "new_event_loop"),
+    "rsloop": ("rsloop", "new_event_loop"),
     "zuvrs": ("zuvrs", "new_event_loop"),
+    "zuvrs-streams": ("zuvrs", "new_event_loop"),
+}
+
+_ASYNCIO_READER = "asyncio.streams.StreamReader"
+
+#: name -> {"tcp": class, "unix": class}: the StreamReader class that
+#: asyncio.open_connection / start_server (TCP, TLS included) and
+#: open_unix_connection / start_unix_server give on that loop. Every
+#: stream workload records the classes its connections got, and the
+#: sample fails (parity ``streams_as_claimed``) where they are not these.
+STREAM_READERS: Dict[str, Dict[str, str]] = {
+    "asyncio": {"tcp": _ASYNCIO_READER, "unix": _ASYNCIO_READER},
+    "uvloop": {"tcp": _ASYNCIO_READER, "unix": _ASYNCIO_READER},
+    "rloop": {"tcp": _ASYNCIO_READER, "unix": _ASYNCIO_READER},
+    # rsloop patches only the TCP functions
+    "rsloop": {"tcp": "rsloop._loop.PyFastStreamReader", "unix": _ASYNCIO_READER},
+    "zuvrs": {"tcp": _ASYNCIO_READER, "unix": _ASYNCIO_READER},
+    "zuvrs-streams": {"tcp": "zuvrs.streams.StreamReader",
+                      "unix": "zuvrs.streams.StreamReader"},
+}
+
+#: what a loop's column is besides "the loop" (compare.py's provenance)
+LOOP_NOTES = {
+    "rsloop": "as it ships: importing rsloop replaced asyncio.open_connection "
+              "and start_server with its own fast streams (rsloop._loop."
+              "PyFastStreamReader / PyFastStreamWriter) on rsloop loops; "
+              "the Unix functions stay asyncio's",
+    "zuvrs-streams": "zuvrs.new_event_loop with zuvrs.streams.install() "
+                     "called first: asyncio's open_connection, start_server, "
+                     "open_unix_connection and start_unix_server give "
+                     "zuvrs.streams' native StreamReader / StreamWriter",
 }
 
 
@@ -85,11 +126,34 @@ class Unsupported(Exception):
     no Unix sockets); reported as "unsupported", not as a crash."""
 
 
-def get_loop_factory(name: str) -> LoopFactory:
-    """Return the ``new_event_loop`` callable of loop ``name``.
+def _install_zuvrs_streams() -> None:
+    import zuvrs.streams
 
-    Raises LoopUnavailable if its package is not installed or does not
-    import; the message says which.
+    zuvrs.streams.install()
+
+
+#: name -> what the loop's factory does before it makes each loop
+_LOOP_PREPARE: Dict[str, Callable[[], None]] = {
+    "zuvrs-streams": _install_zuvrs_streams,
+}
+
+
+def release_loop(name: str) -> None:
+    """Undo what the factory of loop ``name`` did to asyncio, where that can
+    be undone (zuvrs-streams: zuvrs.streams.uninstall()); for tests that run
+    several loops in one process. rsloop's import-time patches stay (they
+    apply to rsloop loops only)."""
+    if name == "zuvrs-streams" and "zuvrs.streams" in sys.modules:
+        sys.modules["zuvrs.streams"].uninstall()
+
+
+def get_loop_factory(name: str) -> LoopFactory:
+    """Return a callable that makes a new event loop of loop ``name``.
+
+    The callable has the attributes ``loop_name`` and ``stream_readers``
+    (STREAM_READERS[name]), which the workloads check their streams
+    against. Raises LoopUnavailable if the loop's package is not installed
+    or does not import; the message says which.
     """
     try:
         modname, attr = _LOOP_MODULES[name]
@@ -99,6 +163,9 @@ def get_loop_factory(name: str) -> LoopFactory:
         ) from None
     try:
         mod = importlib.import_module(modname)
+        prepare = _LOOP_PREPARE.get(name)
+        if prepare is not None:
+            importlib.import_module(modname + ".streams")
     except ModuleNotFoundError as exc:
         if exc.name == modname:
             raise LoopUnavailable(f"{name}: not installed") from exc
@@ -106,9 +173,39 @@ def get_loop_factory(name: str) -> LoopFactory:
     except Exception as exc:  # a broken build is an import error, not absence
         raise LoopUnavailable(f"{name}: import failed: {exc!r}") from exc
     try:
-        return getattr(mod, attr)
+        make = getattr(mod, attr)
     except AttributeError:
         raise LoopUnavailable(f"{name}: {modname}.{attr} missing") from None
+
+    if prepare is None:
+        def factory() -> asyncio.AbstractEventLoop:
+            return make()
+    else:
+        def factory() -> asyncio.AbstractEventLoop:
+            prepare()
+            return make()
+
+    factory.loop_name = name  # type: ignore[attr-defined]
+    factory.stream_readers = STREAM_READERS[name]  # type: ignore[attr-defined]
+    return factory
+
+
+def _class_name(obj: Any) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _note_streams(info: Dict[str, Any], side: str, kind: str, reader: Any,
+                  writer: Any = None) -> None:
+    """Record the StreamReader (and StreamWriter) class that one side of a
+    stream connection got (first call per side); ``kind`` is "tcp" (TLS
+    included) or "unix". _Run.result checks them against the loop's
+    STREAM_READERS."""
+    streams = info.setdefault("streams", {})
+    if side not in streams:
+        streams[side] = {"kind": kind, "reader": _class_name(reader)}
+        if writer is not None:
+            streams[side]["writer"] = _class_name(writer)
 
 
 def _loop_type(loop: Any) -> str:
@@ -173,7 +270,28 @@ class _Run:
             # what may legitimately differ between loops (socket options,
             # how reads were split, ...): reported, not part of parity
             res["info"] = info
+            self._check_streams(res, info)
         return res
+
+    def _check_streams(self, res: Dict[str, Any], info: Dict[str, Any]) -> None:
+        """Where the workload recorded its streams' classes and the factory
+        says which it must give (get_loop_factory), a parity entry
+        ``streams_as_claimed``: a zuvrs-streams sample that got asyncio's
+        reader, or an rsloop one that did not get rsloop's, fails."""
+        claimed = getattr(self.loop_factory, "stream_readers", None)
+        streams = info.get("streams")
+        if not claimed or not isinstance(streams, dict) or not streams:
+            return
+        wrong = [f"{side} {d['kind']}: {d['reader']} (expected {claimed[d['kind']]})"
+                 for side, d in sorted(streams.items())
+                 if d["reader"] != claimed.get(d["kind"])]
+        info["stream_readers"] = "; ".join(
+            f"{side} {d['reader']}" for side, d in sorted(streams.items()))
+        if wrong:
+            info["streams_not_as_claimed"] = "; ".join(wrong)
+        res["parity"]["streams_as_claimed"] = not wrong
+        res["expected"]["streams_as_claimed"] = True
+        res["ok"] = res["ok"] and not wrong
 
 
 #: see _guard_seconds; tests lower it to fail fast
@@ -557,6 +675,46 @@ def _expected_echo_crc(n: int, payloads: List[bytes]) -> int:
     return crc
 
 
+def _socket_id(transport_or_writer: Any) -> Tuple[int, str] | None:
+    """(fd, "socket:[inode]") of a connection's socket, read while it is
+    open, for _note_unclosed; None if the loop exposes no socket."""
+    try:
+        fd = transport_or_writer.get_extra_info("socket").fileno()
+        return fd, os.readlink(f"/proc/self/fd/{fd}")
+    except Exception:
+        return None
+
+
+def _note_unclosed(info: Dict[str, Any], what: str,
+                   ids: List[Tuple[int, str] | None]) -> None:
+    """After a peer did not see a close in time: say whether the closed
+    side's sockets are still open in this process (the same fd still names
+    the same socket), i.e. the loop's close() never closed them, so no FIN
+    was sent. rloop 0.5 does this: a transport's socket is closed only when
+    the transport object is freed, and after close() its own maps (papaya
+    hash maps, whose removed entries are reclaimed later, in batches) still
+    hold two references to it, so a run's last closes never reach the peer
+    while the loop runs (10 client connections closed: the server sees 0
+    EOFs; 100: 96; 1,000: 989)."""
+    left = []
+    for sid in ids:
+        if sid is None:
+            continue
+        fd, link = sid
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == link:
+                left.append(f"fd {fd} {link}")
+        except OSError:
+            pass
+    if left:
+        info.setdefault(
+            "close_not_done",
+            f"{what}: closed (close() returned, is_closing()) but "
+            f"{len(left)} of its sockets still open in this process "
+            f"({', '.join(left[:3])}): the loop did not close them, so the "
+            f"peer never saw a FIN")
+
+
 def _sockopts(transport_or_writer: Any) -> Dict[str, Any]:
     """TCP_NODELAY and buffer sizes of a connection's socket as the loop
     left them (read at connection time)."""
@@ -857,6 +1015,7 @@ def _echo_streams(name: str, loop_factory: LoopFactory, n: int,
 
         async def handle(reader: Any, writer: Any) -> None:
             info["server_socket"] = _sockopts(writer)
+            _note_streams(info, "server", "unix" if unix else "tcp", reader, writer)
             if tls:
                 _note_tls(info, "server", writer)
             try:
@@ -890,6 +1049,8 @@ def _echo_streams(name: str, loop_factory: LoopFactory, n: int,
                 port = server.sockets[0].getsockname()[1]
                 reader, writer = await asyncio.open_connection(HOST, port, **ckw)
             info["client_socket"] = _sockopts(writer)
+            client_sock = _socket_id(writer)
+            _note_streams(info, "client", "unix" if unix else "tcp", reader, writer)
             if tls:
                 st["tls_verified"] += _note_tls(info, "client", writer)
             try:
@@ -914,6 +1075,8 @@ def _echo_streams(name: str, loop_factory: LoopFactory, n: int,
             # the server must see the client's close (EOF) and finish
             seen = await _bounded(server_done, info, "server handler sees EOF")
             st["server_saw_close"] = seen and st["server_eof"]
+            if not seen:
+                _note_unclosed(info, "the client's writer", [client_sock])
         finally:
             await _close_server(server, info)
         st["finished"] = True
@@ -1051,12 +1214,15 @@ def tcp_echo_protocol(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, A
             tr, proto = await loop.create_connection(
                 lambda: EchoClientProtocol(n, payloads, done, info), HOST, port)
             client.append(proto)
+            client_sock = _socket_id(tr)
             try:
                 await done
             finally:
                 tr.close()
             seen = await _bounded(server_closed, info, "server sees the close")
             st["server_saw_close"] = seen and st["server_eof"]
+            if not seen:
+                _note_unclosed(info, "the client's transport", [client_sock])
         finally:
             await _close_server(server, info)
         st["finished"] = True
@@ -1096,14 +1262,17 @@ class BulkReceiverProtocol(asyncio.Protocol):
     251, and changes the byte count)."""
 
     def __init__(self, done: Any, info: Dict[str, Any],
-                 tls: bool = False) -> None:
+                 tls: bool = False, total: int = 0) -> None:
         self.done = done
         self.info = info
         self.tls = tls
+        self.total = total
         self.pos = 0
         self.pieces = 0
         self.mismatches = 0
         self.saw_eof = False
+        #: when the last of ``total`` bytes arrived (perf_counter)
+        self.t_last = 0.0
 
     def connection_made(self, transport: Any) -> None:
         self.info["server_socket"] = _sockopts(transport)
@@ -1120,6 +1289,8 @@ class BulkReceiverProtocol(asyncio.Protocol):
             self.mismatches += 1
         self.pos = p + n
         self.pieces += 1
+        if self.pos == self.total:
+            self.t_last = time.perf_counter()
 
     def eof_received(self) -> None:
         self.saw_eof = True
@@ -1129,6 +1300,20 @@ class BulkReceiverProtocol(asyncio.Protocol):
         if exc is not None:
             self.info.setdefault("server_error", repr(exc))
         _set_once(self.done)
+
+
+def _bulk_info(info: Dict[str, Any], r: BulkReceiverProtocol | None, run: _Run,
+               mib: int) -> None:
+    """Reads and their mean size; and the throughput up to the last byte
+    (``mib_s_to_last_byte``: from the loop's creation to the receiver's
+    last byte, without the close), a diagnostic that is there also for a
+    loop whose close never reaches the receiver."""
+    if r is None or not r.pieces:
+        return
+    info["receiver_reads"] = r.pieces
+    info["mean_read_kib"] = round(r.pos / r.pieces / 1024, 1)
+    if r.t_last > run.t0:
+        info["mib_s_to_last_byte"] = round(mib / (r.t_last - run.t0), 1)
 
 
 def tcp_bulk(loop_factory: LoopFactory, mib: int = 1024) -> Dict[str, Any]:
@@ -1162,7 +1347,7 @@ def _bulk(name: str, loop_factory: LoopFactory, mib: int,
         done = loop.create_future()
 
         def factory() -> BulkReceiverProtocol:
-            p = BulkReceiverProtocol(done, info, tls)
+            p = BulkReceiverProtocol(done, info, tls, total)
             receiver.append(p)
             return p
 
@@ -1170,8 +1355,10 @@ def _bulk(name: str, loop_factory: LoopFactory, mib: int,
             factory, HOST, 0, **skw))
         port = server.sockets[0].getsockname()[1]
         try:
-            _, writer = await asyncio.open_connection(HOST, port, **ckw)
+            reader, writer = await asyncio.open_connection(HOST, port, **ckw)
             info["client_socket"] = _sockopts(writer)
+            client_sock = _socket_id(writer)
+            _note_streams(info, "client", "tcp", reader, writer)
             if tls:
                 st["tls_verified"] += _note_tls(info, "client", writer)
             try:
@@ -1192,6 +1379,8 @@ def _bulk(name: str, loop_factory: LoopFactory, mib: int,
             # the receiver must get every byte and then the close
             seen = await _bounded(done, info, "receiver sees the close")
             st["receiver_saw_eof"] = seen and bool(receiver and receiver[0].saw_eof)
+            if not seen:
+                _note_unclosed(info, "the sender's writer", [client_sock])
         finally:
             await _close_server(server, info)
         st["finished"] = True
@@ -1202,9 +1391,7 @@ def _bulk(name: str, loop_factory: LoopFactory, mib: int,
                      lambda: (st["sent"], receiver[0].pos if receiver else 0),
                      _guard_seconds(mib * 100))
     r = receiver[0] if receiver else None
-    if r is not None and r.pieces:
-        info["receiver_reads"] = r.pieces
-        info["mean_read_kib"] = round(r.pos / r.pieces / 1024, 1)
+    _bulk_info(info, r, run, mib)
     parity = {"sent": st["sent"], "received": r.pos if r else 0,
               "sampled_mismatches": r.mismatches if r else 0,
               "connections": len(receiver),
@@ -1250,6 +1437,8 @@ def _short_connections(name: str, loop_factory: LoopFactory, n: int,
     info["prelude"] = _prelude(loop_factory, tls)  # untimed
 
     async def handle(reader: Any, writer: Any) -> None:
+        if st["served"] == 0:
+            _note_streams(info, "server", "tcp", reader, writer)
         if tls and "tls_path_server" not in info:
             _note_tls(info, "server", writer)
         try:
@@ -1283,6 +1472,7 @@ def _short_connections(name: str, loop_factory: LoopFactory, n: int,
                         HOST, port, **ckw)
                     if i == 0:
                         info["client_socket"] = _sockopts(writer)
+                        _note_streams(info, "client", "tcp", reader, writer)
                     if tls:
                         st["tls_verified"] += _note_tls(
                             info, "client", writer, first=(i == 0))
@@ -1579,6 +1769,8 @@ class FlowBulkReceiverProtocol(BulkReceiverProtocol):
             self.mismatches += 1
         self.pos = p + n
         self.pieces += 1
+        if self.pos == self.total:
+            self.t_last = time.perf_counter()
 
 
 class FlowWriterProtocol(asyncio.Protocol):
@@ -1670,7 +1862,7 @@ def tcp_bulk_flow(loop_factory: LoopFactory, mib: int = 512) -> Dict[str, Any]:
         wdone = loop.create_future()
 
         def factory() -> BulkReceiverProtocol:
-            p = FlowBulkReceiverProtocol(done, info)
+            p = FlowBulkReceiverProtocol(done, info, total=total)
             receiver.append(p)
             return p
 
@@ -1680,6 +1872,7 @@ def tcp_bulk_flow(loop_factory: LoopFactory, mib: int = 512) -> Dict[str, Any]:
             w = FlowWriterProtocol(total, wdone, info)
             writer.append(w)
             tr, _ = await loop.create_connection(lambda: w, HOST, port)
+            client_sock = _socket_id(tr)
             try:
                 st["writer_closed"] = await _bounded(
                     wdone, info, "writer connection_lost()",
@@ -1688,6 +1881,8 @@ def tcp_bulk_flow(loop_factory: LoopFactory, mib: int = 512) -> Dict[str, Any]:
                 tr.close()
             seen = await _bounded(done, info, "receiver sees the close")
             st["receiver_saw_eof"] = seen and bool(receiver and receiver[0].saw_eof)
+            if not seen:
+                _note_unclosed(info, "the writer's transport", [client_sock])
         finally:
             await _close_server(server, info)
         st["finished"] = True
@@ -1700,9 +1895,7 @@ def tcp_bulk_flow(loop_factory: LoopFactory, mib: int = 512) -> Dict[str, Any]:
                      _guard_seconds(mib * 100))
     r = receiver[0] if receiver else None
     w = writer[0] if writer else None
-    if r is not None and r.pieces:
-        info["receiver_reads"] = r.pieces
-        info["mean_read_kib"] = round(r.pos / r.pieces / 1024, 1)
+    _bulk_info(info, r, run, mib)
     if w is not None:
         info["pause_writing_calls"] = w.pauses
         info["resume_writing_calls"] = w.resumes
@@ -1861,6 +2054,7 @@ def _http_keepalive(name: str, loop_factory: LoopFactory, n: int,
         reader, writer = await asyncio.open_connection(HOST, port, **ckw)
         if c == 0:
             info["client_socket"] = _sockopts(writer)
+            _note_streams(info, "client", "tcp", reader, writer)
         if tls:
             st["tls_verified"] += _note_tls(info, "client", writer, c == 0)
         host = b"Host: %s:%d\r\n" % (TLS_HOSTNAME.encode(), port)
@@ -2685,6 +2879,622 @@ def subprocess_pipe_output(loop_factory: LoopFactory,
 
 
 # --------------------------------------------------------------------------
+# Servers under load from another process, a real redis-server, and memory
+#
+# readline_echo_load and the redis workloads put the other side in another
+# process (the load generator benchmarks/_loadgen.c, redis-server), pinned
+# to another CPU than the loop under test where the sample may use two
+# (_cpu_pair); the sample pins itself to the first for the workload and
+# restores its affinity afterwards. idle_connections holds thousands of
+# idle stream connections, both ends in this process, and measures the RSS
+# they cost.
+# --------------------------------------------------------------------------
+
+
+#: where the peer process runs (ZUVRS_BENCH_PEER_CPU; compare.py
+#: --peer-cpu): "other" (the default: another CPU than the loop under
+#: test), "same" (the loop's CPU: no cross-CPU wake-up per round trip, which
+#: on a virtual machine can cost more than the loop's own work) or "none"
+#: (nothing pinned)
+PEER_CPU_MODES = ("other", "same", "none")
+
+
+def _cpu_pair() -> Tuple[List[int] | None, int | None, int | None]:
+    """(this process's affinity, a CPU for the loop under test, a CPU for
+    the peer process), as ZUVRS_BENCH_PEER_CPU says; the CPUs are None
+    where nothing is to be pinned (mode "none", or "other" with fewer than
+    two CPUs available)."""
+    mode = os.environ.get("ZUVRS_BENCH_PEER_CPU", "other") or "other"
+    if mode not in PEER_CPU_MODES:
+        raise ValueError(f"ZUVRS_BENCH_PEER_CPU={mode!r}: one of {PEER_CPU_MODES}")
+    try:
+        avail = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None, None, None
+    if mode == "none" or (mode == "other" and len(avail) < 2):
+        return avail, None, None
+    if mode == "same":
+        return avail, avail[0], avail[0]
+    return avail, avail[0], avail[1]
+
+
+def _cpus_note(own: int | None, peer: int | None, own_name: str, peer_name: str) -> str:
+    if own is None:
+        return "not pinned"
+    same = " (the same CPU)" if own == peer else ""
+    return f"{own_name} {own}, {peer_name} {peer}{same}"
+
+
+def _restore_affinity(affinity: List[int] | None) -> None:
+    if affinity:
+        try:
+            os.sched_setaffinity(0, set(affinity))
+        except OSError:
+            pass
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _wait_process(loop: Any, proc: Any, fut: Any) -> None:
+    """In a thread: wait for proc, then hand (stdout, stderr, returncode)
+    to fut on the loop (call_soon_threadsafe)."""
+    def run() -> None:
+        out, err = proc.communicate()
+        try:
+            loop.call_soon_threadsafe(
+                lambda: fut.done() or fut.set_result((out, err, proc.returncode)))
+        except RuntimeError:  # the loop is closed: the workload gave up
+            pass
+
+    threading.Thread(target=run, name="bench-peer-wait", daemon=True).start()
+
+
+# ---- readline echo under load from another process -------------------------
+
+READLINE_CONNECTIONS = 100
+
+
+def readline_echo_load(loop_factory: LoopFactory,
+                       n: int = 100_000) -> Dict[str, Any]:
+    """A readline echo server on the loop under test (asyncio.start_server;
+    per line ``await reader.readline()``, ``writer.write(line)``, ``await
+    writer.drain()``), loaded from another process: benchmarks/_loadgen.c
+    (the same for every loop; epoll, one recv and one send per line) opens
+    100 connections and sends n / 100 lines on each, ping-pong (a line,
+    then its whole echo, then the next), every echo compared and CRC-32
+    checksummed, then closes them; the server must see each EOF. Server
+    and client are pinned to different CPUs where two are available.
+
+    ops / elapsed is lines per second over the client's clock (from before
+    its first connect to the last echo; the client process's start-up is
+    not in it). ``info`` has the client's and the server's CPU share of
+    their cores over that window (a client share near 1.0 would mean the
+    client, not the server, was the limit) and their CPU time per line,
+    which a busy machine distorts less than lines/s."""
+    import _loadgen
+
+    conns = READLINE_CONNECTIONS
+    per_conn = max(1, n // conns)
+    total = per_conn * conns
+    exp = _loadgen.expected(conns, per_conn)
+    st = {"served": 0, "server_bytes": 0, "server_eofs": 0, "server_errors": 0,
+          "handlers_done": 0, "server_saw_close": 0, "finished": False}
+    client: Dict[str, Any] = {}
+    info: Dict[str, Any] = {}
+    info["prelude"] = _prelude(loop_factory)  # untimed
+    affinity, server_cpu, client_cpu = _cpu_pair()
+    info["cpus"] = _cpus_note(server_cpu, client_cpu, "server", "client")
+    window: Dict[str, float] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        all_done = loop.create_future()
+        peer = loop.create_future()
+
+        async def handle(reader: Any, writer: Any) -> None:
+            if not window:  # the first connection: the server's window opens
+                window["cpu0"] = _cpu_seconds()
+                window["t0"] = time.perf_counter()
+                _note_streams(info, "server", "tcp", reader, writer)
+            readline = reader.readline
+            write = writer.write
+            drain = writer.drain
+            try:
+                while True:
+                    line = await readline()
+                    if not line:
+                        st["server_eofs"] += 1
+                        break
+                    write(line)
+                    await drain()
+                    st["served"] += 1
+                    st["server_bytes"] += len(line)
+            except Exception as exc:
+                st["server_errors"] += 1
+                info.setdefault("server_error", repr(exc))
+            finally:
+                writer.close()
+                st["handlers_done"] += 1
+                if st["handlers_done"] == conns:
+                    window["cpu1"] = _cpu_seconds()
+                    window["t1"] = time.perf_counter()
+                    _set_once(all_done)
+
+        server = await asyncio.start_server(handle, HOST, 0, backlog=1024)
+        try:
+            port = server.sockets[0].getsockname()[1]
+            proc = _loadgen.spawn(port, conns, per_conn,
+                                  None if client_cpu is None else str(client_cpu))
+            _wait_process(loop, proc, peer)
+            try:
+                out, err, rc = await asyncio.shield(peer)
+            except asyncio.CancelledError:
+                proc.kill()
+                raise
+            client.update(_loadgen.parse(out) or {
+                "errors": [f"client exit {rc}: {err.decode(errors='replace')[-300:]}"]})
+            await _bounded(all_done, info, "server handlers see every EOF")
+            # counted before the server closes (which ends handlers too)
+            st["server_saw_close"] = st["server_eofs"]
+        finally:
+            await _close_server(server, info)
+        st["finished"] = True
+
+    if server_cpu is not None:
+        os.sched_setaffinity(0, {server_cpu})
+    try:
+        run = _Run(loop_factory)
+        with run as loop:
+            _run_guarded(loop, main(), info, lambda: st["served"],
+                         _guard_seconds(n * 100))
+    finally:
+        _restore_affinity(affinity)
+    info["client"] = client.get("client", "no result")
+    if client.get("errors"):
+        info["client_errors"] = "; ".join(map(str, client["errors"]))
+    if "cpu_share" in client:
+        info["client_cpu_share"] = round(client["cpu_share"], 3)
+    if client.get("cpu_s") and client.get("lines"):
+        info["client_cpu_us_per_line"] = round(client["cpu_s"] / client["lines"] * 1e6, 2)
+    if "t1" in window and window["t1"] > window["t0"]:
+        # this process from its first connection to its last EOF; its CPU
+        # time per line holds up better than lines/s on a busy machine
+        cpu = window["cpu1"] - window["cpu0"]
+        info["server_cpu_share"] = round(cpu / (window["t1"] - window["t0"]), 3)
+        if st["served"]:
+            info["server_cpu_us_per_line"] = round(cpu / st["served"] * 1e6, 2)
+    parity = {"lines": client.get("lines", 0), "matches": client.get("matches", 0),
+              "checksum": client.get("checksum", 0),
+              "overruns": client.get("overruns", 0),
+              "client_saw_eof": client.get("eofs", 0),
+              "completed_connections": client.get("completed_connections", 0),
+              "served": st["served"], "server_bytes": st["server_bytes"],
+              "server_errors": st["server_errors"],
+              "server_saw_close": st["server_saw_close"], "finished": st["finished"]}
+    expected = {"lines": total, "matches": total, "checksum": exp["checksum"],
+                "overruns": 0, "client_saw_eof": 0,
+                "completed_connections": conns, "served": total,
+                "server_bytes": exp["bytes"], "server_errors": 0,
+                "server_saw_close": conns, "finished": True}
+    res = run.result("readline_echo_load", total, parity, expected, info)
+    if client.get("elapsed"):
+        info["run_s"] = round(res["elapsed"], 3)
+        res["elapsed"] = client["elapsed"]  # lines/s over the client's clock
+    return res
+
+
+# ---- redis-py's asyncio client against redis-server --------------------------
+#
+# Each sample starts its own redis-server (Debian's; ``redis-server`` on
+# PATH or REDIS_SERVER) on a free port of 127.0.0.1, with no persistence
+# (no RDB saves, no AOF) and its working directory a fresh temp dir, pinned
+# to the other CPU, and stops it afterwards; all outside the clock. The
+# client is redis-py's redis.asyncio.Redis with its default connection
+# pool, on the loop under test; its connections come from
+# asyncio.open_connection, so zuvrs-streams gets zuvrs's native streams
+# and rsloop its own. The reply parser is fixed for every loop: hiredis
+# (redis-py's _AsyncHiredisParser, passed explicitly), and every sample
+# checks that its connection used it.
+
+REDIS_VALUES = 64
+REDIS_KEYS = 1000
+REDIS_BATCH = 100
+
+
+def _redis_values() -> List[bytes]:
+    """64 distinct values of 32 to 977 bytes."""
+    return [bytes(((k * 29 + j * 11) & 0xFF) for j in range(32 + 15 * k))
+            for k in range(REDIS_VALUES)]
+
+
+def _redis_modules() -> Tuple[Any, Any, Any]:
+    """(redis package, redis.asyncio, the hiredis parser class); a clear
+    error where redis-py or hiredis is missing."""
+    try:
+        import redis
+        import redis.asyncio as aioredis
+        from redis._parsers import _AsyncHiredisParser
+        from redis.utils import HIREDIS_AVAILABLE
+    except ImportError as exc:
+        raise RuntimeError(f"the redis workloads need redis-py: {exc}") from None
+    if not HIREDIS_AVAILABLE:
+        raise RuntimeError("the redis workloads need hiredis >= 3.2 "
+                           "(redis-py's hiredis parser is used for every loop)")
+    return redis, aioredis, _AsyncHiredisParser
+
+
+def redis_server_path() -> str | None:
+    return os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
+
+
+class RedisServer:
+    """A private redis-server on 127.0.0.1 for one sample: started in
+    __enter__ (on a free port, no persistence, pinned to ``cpu``), stopped
+    in __exit__ (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, cpu: int | None) -> None:
+        self.cpu = cpu
+        self.proc: Any = None
+        self.port = 0
+        self.version = ""
+        self.dir = ""
+
+    def __enter__(self) -> "RedisServer":
+        import subprocess
+
+        exe = redis_server_path()
+        if exe is None:
+            raise RuntimeError("redis-server not found (Debian's redis-server "
+                               "package, or REDIS_SERVER=path)")
+        self.version = subprocess.run([exe, "--version"], capture_output=True,
+                                      text=True).stdout.strip()
+        self.dir = tempfile.mkdtemp(prefix="zuvrs-bench-redis-")
+        for _attempt in range(5):
+            with socket.socket() as s:  # a free port (another may take it: retried)
+                s.bind((HOST, 0))
+                port = s.getsockname()[1]
+            cmd = [exe, "--port", str(port), "--bind", HOST, "--save", "",
+                   "--appendonly", "no", "--dir", self.dir, "--daemonize", "no",
+                   "--protected-mode", "yes", "--logfile", "", "--loglevel", "warning",
+                   "--databases", "1"]
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE,
+                                         stdin=subprocess.DEVNULL)
+            if self.cpu is not None:
+                try:
+                    os.sched_setaffinity(self.proc.pid, {self.cpu})
+                except OSError:
+                    pass
+            if self._ready(port):
+                self.port = port
+                return self
+            self._stop()
+        raise RuntimeError(f"redis-server did not start: {self._stderr()}")
+
+    def _ready(self, port: int) -> bool:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with socket.create_connection((HOST, port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.02)
+        return False
+
+    def _stderr(self) -> str:
+        try:
+            return (self.proc.stderr.read() or b"").decode(errors="replace")[-300:]
+        except Exception:
+            return ""
+
+    def _stop(self) -> None:
+        import subprocess
+
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+        self.proc = None
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _redis(name: str, loop_factory: LoopFactory, n: int,
+           pipeline: bool) -> Dict[str, Any]:
+    redis, aioredis, parser_class = _redis_modules()
+    values = _redis_values()
+    info: Dict[str, Any] = {"redis_py": redis.__version__,
+                            "parser": "hiredis (redis._parsers._AsyncHiredisParser)"}
+    try:
+        import hiredis
+        info["hiredis"] = hiredis.__version__
+    except Exception:
+        pass
+    st = {"commands": 0, "set_ok": 0, "matches": 0, "checksum": 0,
+          "parser_as_chosen": False, "finished": False}
+    if pipeline:
+        batches = max(1, n // REDIS_BATCH)
+        total = batches * REDIS_BATCH
+        half = REDIS_BATCH // 2
+        exp_crc = 0
+        for b in range(batches):
+            for j in range(half):
+                exp_crc = zlib.crc32(values[(b * half + j) % REDIS_VALUES], exp_crc)
+    else:
+        total = n
+        exp_crc = 0
+        for i in range(n):
+            exp_crc = zlib.crc32(values[i % REDIS_VALUES], exp_crc)
+    info["prelude"] = _prelude(loop_factory)  # untimed
+    affinity, own_cpu, peer_cpu = _cpu_pair()
+    info["cpus"] = _cpus_note(own_cpu, peer_cpu, "client", "redis-server")
+
+    def note_connection(pool: Any) -> None:
+        conns = list(getattr(pool, "_available_connections", []))
+        conns += list(getattr(pool, "_in_use_connections", []))
+        if not conns:
+            return
+        c = conns[0]
+        info["connections"] = len(conns)
+        st["parser_as_chosen"] = type(c._parser) is parser_class
+        if c._reader is not None:
+            _note_streams(info, "client", "tcp", c._reader, c._writer)
+
+    async def main(port: int) -> None:
+        pool = aioredis.ConnectionPool(host=HOST, port=port,
+                                       parser_class=parser_class)
+        r = aioredis.Redis(connection_pool=pool)
+        try:
+            if pipeline:
+                half = REDIS_BATCH // 2
+                crc = st["checksum"]
+                for b in range(total // REDIS_BATCH):
+                    pipe = r.pipeline(transaction=False)
+                    keys = [b"k%d" % ((b * half + j) % REDIS_KEYS) for j in range(half)]
+                    vals = [values[(b * half + j) % REDIS_VALUES] for j in range(half)]
+                    for k, v in zip(keys, vals):
+                        pipe.set(k, v)
+                    for k in keys:
+                        pipe.get(k)
+                    out = await pipe.execute()
+                    st["commands"] += len(out)
+                    st["set_ok"] += sum(1 for x in out[:half] if x is True)
+                    for got, v in zip(out[half:], vals):
+                        if got == v:
+                            st["matches"] += 1
+                        crc = zlib.crc32(got if isinstance(got, bytes) else b"", crc)
+                    if b == 0:
+                        note_connection(pool)
+                st["checksum"] = crc
+            else:
+                crc = 0
+                set_ = r.set
+                get = r.get
+                for i in range(total):
+                    k = b"k%d" % (i % REDIS_KEYS)
+                    v = values[i % REDIS_VALUES]
+                    if await set_(k, v) is True:
+                        st["set_ok"] += 1
+                    got = await get(k)
+                    st["commands"] += 2
+                    if got == v:
+                        st["matches"] += 1
+                    crc = zlib.crc32(got if isinstance(got, bytes) else b"", crc)
+                    if i == 0:
+                        note_connection(pool)
+                st["checksum"] = crc
+        finally:
+            await _bounded(r.aclose(), info, "Redis.aclose()")
+            await _bounded(pool.disconnect(), info, "ConnectionPool.disconnect()")
+        st["finished"] = True
+
+    with RedisServer(peer_cpu) as server:
+        info["redis_server"] = server.version.split(" sha=")[0]
+        if own_cpu is not None:
+            os.sched_setaffinity(0, {own_cpu})
+        try:
+            run = _Run(loop_factory)
+            with run as loop:
+                _run_guarded(loop, main(server.port), info, lambda: st["commands"],
+                             _guard_seconds(total * 100))
+        finally:
+            _restore_affinity(affinity)
+    if pipeline:
+        gets = total // 2
+        expected = {"commands": total, "set_ok": gets, "matches": gets,
+                    "checksum": exp_crc, "parser_as_chosen": True, "finished": True}
+    else:
+        expected = {"commands": 2 * total, "set_ok": total, "matches": total,
+                    "checksum": exp_crc, "parser_as_chosen": True, "finished": True}
+    return run.result(name, total, dict(st), expected, info)
+
+
+def redis_get_set(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, Any]:
+    """n SET + GET round trips (awaited one at a time) with redis-py's
+    asyncio client on the loop under test against a private redis-server
+    (see the section comment): keys k0..k999, 64 values of 32-977 bytes;
+    every GET's value compared and CRC-32 checksummed. ops = n pairs."""
+    return _redis("redis_get_set", loop_factory, n, pipeline=False)
+
+
+def redis_pipeline(loop_factory: LoopFactory, n: int = 100_000) -> Dict[str, Any]:
+    """n commands in pipelines of 100 (redis-py's pipeline(transaction=False):
+    50 SETs, then GETs of the same 50 keys, one execute() per batch);
+    every SET's reply and every GET's value checked, the values CRC-32
+    checksummed. ops = n commands."""
+    return _redis("redis_pipeline", loop_factory, n, pipeline=True)
+
+
+# ---- memory per idle stream connection --------------------------------------
+
+#: connections opened at once while setting up idle_connections
+IDLE_OPEN_BATCH = 64
+
+
+def _rss_bytes() -> int:
+    """The current RSS of this process (not the peak), from /proc."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _raise_nofile(need: int) -> Tuple[int, int] | None:
+    """Raise RLIMIT_NOFILE's soft limit (and the hard one, where allowed)
+    to at least ``need``; returns the limits to restore, None if nothing
+    changed."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        new_hard = hard
+        if hard != resource.RLIM_INFINITY and hard < need:
+            new_hard = need  # needs CAP_SYS_RESOURCE; ValueError otherwise
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, new_hard))
+        return soft, hard
+    return None
+
+
+def idle_connections(loop_factory: LoopFactory, n: int = 5_000) -> Dict[str, Any]:
+    """RSS per idle stream connection pair: n TCP connections on 127.0.0.1,
+    both ends in this process on the loop under test (asyncio.start_server
+    / open_connection, 64 opened at a time); on each the client sends one
+    line and reads the server's reply, then the server's handler waits in
+    ``reader.readline()`` and the client holds its reader and writer. With
+    every connection idle, after gc.collect(), the growth of the RSS over
+    the RSS before the first connection (server already listening, after a
+    gc.collect() too), divided by n, is the value: KiB per connection pair,
+    lower is better. Then every client closes and every handler must see
+    its EOF. RLIMIT_NOFILE is raised for the 2 n sockets and restored."""
+    import gc
+
+    st = {"connected": 0, "replies_ok": 0, "idle": 0, "server_eofs": 0,
+          "server_saw_close": 0, "handlers_done": 0, "server_errors": 0,
+          "client_errors": 0, "client_closed": 0, "finished": False}
+    info: Dict[str, Any] = {}
+    info["prelude"] = _prelude(loop_factory)  # untimed
+    rss: Dict[str, int] = {}
+    limits = _raise_nofile(2 * n + 256)
+    if limits is not None:
+        info["rlimit_nofile"] = f"raised from {limits[0]} for {2 * n} sockets"
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        all_idle = loop.create_future()
+        all_done = loop.create_future()
+
+        async def handle(reader: Any, writer: Any) -> None:
+            if not st["idle"]:
+                _note_streams(info, "server", "tcp", reader, writer)
+            try:
+                line = await reader.readline()
+                if line.startswith(b"HELLO "):
+                    writer.write(b"OK " + line[6:])
+                    await writer.drain()
+                st["idle"] += 1
+                if st["idle"] == n:
+                    _set_once(all_idle)
+                if await reader.readline() == b"":  # idle until the close
+                    st["server_eofs"] += 1
+            except Exception as exc:
+                st["server_errors"] += 1
+                info.setdefault("server_error", repr(exc))
+            finally:
+                writer.close()
+                st["handlers_done"] += 1
+                if st["handlers_done"] == n:
+                    _set_once(all_done)
+
+        server = await asyncio.start_server(handle, HOST, 0, backlog=1024)
+        port = server.sockets[0].getsockname()[1]
+        held: List[Tuple[Any, Any]] = []
+        client_socks: List[Tuple[int, str] | None] = []
+
+        async def connect(i: int) -> None:
+            try:
+                reader, writer = await asyncio.open_connection(HOST, port)
+                held.append((reader, writer))
+                if i < 3:
+                    client_socks.append(_socket_id(writer))
+                st["connected"] += 1
+                if i == 0:
+                    _note_streams(info, "client", "tcp", reader, writer)
+                writer.write(b"HELLO %d\n" % i)
+                if await reader.readline() == b"OK %d\n" % i:
+                    st["replies_ok"] += 1
+            except Exception as exc:
+                st["client_errors"] += 1
+                info.setdefault("client_error", repr(exc)[:200])
+
+        try:
+            gc.collect()
+            rss["before"] = _rss_bytes()
+            for start in range(0, n, IDLE_OPEN_BATCH):
+                await asyncio.gather(*[connect(i) for i in
+                                       range(start, min(n, start + IDLE_OPEN_BATCH))])
+            await _bounded(all_idle, info, "every handler idle")
+            gc.collect()
+            rss["idle"] = _rss_bytes()
+            for _, writer in held:
+                writer.close()
+            for _, writer in held:
+                if await _bounded(writer.wait_closed(), info, "client wait_closed()"):
+                    st["client_closed"] += 1
+            if not await _bounded(all_done, info, "server handlers see every EOF"):
+                _note_unclosed(info, "the clients' writers", client_socks)
+            # counted before the server closes (which ends handlers too)
+            st["server_saw_close"] = st["server_eofs"]
+        finally:
+            for _, writer in held:
+                writer.close()
+            held.clear()
+            await _close_server(server, info)
+        st["finished"] = True
+
+    try:
+        run = _Run(loop_factory)
+        with run as loop:
+            _run_guarded(loop, main(), info,
+                         lambda: (st["connected"], st["idle"], st["handlers_done"]),
+                         _guard_seconds(n * 100))
+    finally:
+        if limits is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+    if "idle" in rss:
+        info["rss_before_mib"] = round(rss["before"] / MIB, 1)
+        info["rss_idle_mib"] = round(rss["idle"] / MIB, 1)
+    keys = ["connected", "replies_ok", "idle", "server_saw_close", "handlers_done",
+            "server_errors", "client_errors", "client_closed", "finished"]
+    expected = {"connected": n, "replies_ok": n, "idle": n, "server_saw_close": n,
+                "handlers_done": n, "server_errors": 0, "client_errors": 0,
+                "client_closed": n, "finished": True}
+    res = run.result("idle_connections", n, {k: st[k] for k in keys}, expected, info)
+    if "idle" in rss:
+        res["value"] = (rss["idle"] - rss["before"]) / 1024 / n
+        info["kib_per_pair"] = round(res["value"], 2)
+    return res
+
+
+# --------------------------------------------------------------------------
 # Registry
 # --------------------------------------------------------------------------
 
@@ -2776,11 +3586,34 @@ WORKLOADS: Dict[str, Any] = {
     "pipe_roundtrip": (pipe_roundtrip, 20_000,
                        "512-byte echo round trips over two os.pipe() pairs, "
                        "connect_read_pipe / connect_write_pipe (round trips)"),
+    # other processes: a load generator, redis-server
+    "readline_echo_load": (readline_echo_load, 100_000,
+                           "lines echoed by a start_server readline echo "
+                           "server, 100 connections ping-pong from a load "
+                           "generator in another process (lines)"),
+    "redis_get_set": (redis_get_set, 20_000,
+                      "SET + GET round trips, redis-py asyncio client "
+                      "(hiredis parser) against redis-server (pairs)"),
+    "redis_pipeline": (redis_pipeline, 100_000,
+                       "commands in redis-py pipelines of 100 (50 SET + 50 "
+                       "GET) against redis-server (commands)"),
+    # memory
+    "idle_connections": (idle_connections, 5_000,
+                         "idle stream connection pairs, both ends in one "
+                         "process: RSS growth per pair (KiB, lower is better)"),
 }
 
 #: unit of ``ops`` where it is not obvious from the description
 UNITS: Dict[str, str] = {"tcp_bulk": "MiB", "subprocess_pipe_output": "MiB",
-                         "tcp_bulk_flow": "MiB", "tls_bulk": "MiB"}
+                         "tcp_bulk_flow": "MiB", "tls_bulk": "MiB",
+                         "readline_echo_load": "lines", "redis_get_set": "pairs",
+                         "redis_pipeline": "commands", "idle_connections": "pairs"}
+
+#: workloads whose result is a measured value (the sample's ``value``), not
+#: a throughput: name -> (unit, lower is better)
+VALUE_WORKLOADS: Dict[str, Tuple[str, bool]] = {
+    "idle_connections": ("KiB/pair", True),
+}
 
 #: (single-write workload, split-write workload): compare.py shows their
 #: per-loop ratio

@@ -4,22 +4,31 @@
 # certificates fall back to its CLI; s_server and s_client are TLS peers in
 # tests/test_tls_peers.py), nginx-light (the real TLS server and client of
 # the same tests), wrk (the HTTP benchmarks' load generator, http and
-# https), and a virtualenv in .venv with maturin,
+# https), redis-server (the redis benchmarks start their own), and a
+# virtualenv in .venv with maturin,
 # pytest, pytest-codspeed, the loops we compare with, the applications the
 # tests serve (uvicorn, aiohttp) with their clients, the servers and test
 # plugins the integrations are tested with (gunicorn and its uvicorn worker,
-# hypercorn, pytest-asyncio, pytest-aiohttp, anyio's plugin), and ruff and
+# hypercorn, pytest-asyncio, pytest-aiohttp, anyio's plugin), redis-py and
+# hiredis (the redis benchmarks' client and its parser), and ruff and
 # mypy for tools/lint.sh.
+#
+# ZUVRS_SETUP_RSLOOP=1 also installs rsloop 0.1.66, one of the loops the
+# benchmarks compare with: it has no wheel for this Python, and its sdist
+# builds only with the nightly toolchain (about 5 minutes; pip caches the
+# wheel it builds). Without it the benchmarks report rsloop as not installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if ! dpkg -s libclang-dev >/dev/null 2>&1 || ! command -v wrk >/dev/null 2>&1 \
-    || ! command -v openssl >/dev/null 2>&1 || ! command -v nginx >/dev/null 2>&1; then
-    echo "== installing libclang-dev wrk openssl nginx-light"
+    || ! command -v openssl >/dev/null 2>&1 || ! command -v nginx >/dev/null 2>&1 \
+    || ! command -v redis-server >/dev/null 2>&1; then
+    echo "== installing libclang-dev wrk openssl nginx-light redis-server"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libclang-dev wrk openssl nginx-light >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libclang-dev wrk openssl nginx-light \
+        redis-server >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then
@@ -31,4 +40,11 @@ echo "== installing Python packages"
     "maturin>=1.5,<2" "pytest>=7" "pytest-codspeed>=3" uvloop rloop \
     uvicorn httptools httpx aiohttp websockets cryptography \
     gunicorn uvicorn-worker hypercorn pytest-asyncio pytest-aiohttp anyio \
-    ruff mypy typing-extensions
+    redis hiredis ruff mypy typing-extensions
+
+if [ "${ZUVRS_SETUP_RSLOOP:-0}" = 1 ] && ! .venv/bin/python -c "import rsloop" 2>/dev/null; then
+    echo "== building rsloop 0.1.66 (nightly toolchain, about 5 minutes)"
+    RUSTUP_TOOLCHAIN=nightly RUSTFLAGS='-Zcrate-attr=feature(allocator_api)' \
+        .venv/bin/python -m pip install -q --disable-pip-version-check \
+        --no-binary rsloop rsloop==0.1.66
+fi
