@@ -886,3 +886,70 @@ def test_close_waiter_and_done_future_as_asyncio(loop, streams):
         return contexts
 
     assert run(loop, main()) == []
+
+
+# -- failures and resources ------------------------------------------------------
+
+
+def test_exported_buffer_fails_the_connection_as_asyncio(loop, streams):
+    """A view held on the reader's buffer makes the next append fail (a
+    bytearray with exports cannot grow): asyncio reports it as the
+    protocol's data_received failing and closes the transport."""
+
+    async def main():
+        contexts = []
+        loop.set_exception_handler(lambda lp, ctx: contexts.append(ctx))
+        accepted = loop.create_future()
+
+        async def handle(reader, writer):
+            accepted.set_result(writer)
+
+        server = await streams.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await streams.open_connection("127.0.0.1", port)
+        peer = await accepted
+        peer.write(b"first\n")
+        assert await reader.readline() == b"first\n"
+        view = memoryview(reader._buffer)
+        peer.write(b"second\n")
+        with pytest.raises(BufferError):
+            await asyncio.wait_for(reader.readline(), TIMEOUT)
+        view.release()
+        assert writer.is_closing()
+        peer.close()
+        server.close()
+        await server.wait_closed()
+        return [(c["message"], type(c.get("exception")).__name__) for c in contexts]
+
+    assert run(loop, main()) == [("Fatal error: protocol.data_received() call failed.", "BufferError")]
+
+
+def test_connections_do_not_leak(loop, streams):
+    from _support import fd_count, gc_object_count
+
+    async def round_trip(port):
+        reader, writer = await streams.open_connection("127.0.0.1", port)
+        writer.write(b"ping\n")
+        assert await reader.readline() == b"ping\n"
+        writer.close()
+        await writer.wait_closed()
+
+    async def main():
+        server = await streams.start_server(_echo_lines, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        for _ in range(50):
+            await round_trip(port)
+        await asyncio.sleep(0.05)
+        gc.collect()
+        objects, fds = gc_object_count(), fd_count()
+        for _ in range(300):
+            await round_trip(port)
+        await asyncio.sleep(0.05)
+        gc.collect()
+        grown = gc_object_count() - objects, fd_count() - fds
+        server.close()
+        await server.wait_closed()
+        return grown
+
+    objects, fds = run(loop, main(), timeout=60)
+    assert fds <= 0 and objects < 200, (objects, fds)
