@@ -134,11 +134,14 @@ pub(crate) struct LoopShared {
     gil: GilHandoff,
     /// Set by libuv callbacks that saw I/O during the current poll.
     io_seen: Cell<bool>,
+    /// The polls (`uv_run` calls of the turn) made so far: the current or
+    /// the last one's number (see `ReadStart`).
+    polls: Cell<u64>,
     state: NativeCell<LoopState>,
 }
 
-// SAFETY: `gil` and `io_seen` are only touched on the loop's thread (inside
-// uv_run and around it); the state is in a NativeCell.
+// SAFETY: `gil`, `io_seen` and `polls` are only touched on the loop's
+// thread (inside uv_run and around it); the state is in a NativeCell.
 unsafe impl Sync for LoopShared {}
 // SAFETY: as above.
 unsafe impl Send for LoopShared {}
@@ -171,6 +174,18 @@ impl LoopShared {
             self.gil.reacquire();
             Python::assume_attached()
         }
+    }
+
+    /// The number of the current poll, or of the last one between polls.
+    #[inline]
+    pub(crate) fn poll_number(&self) -> u64 {
+        self.polls.get()
+    }
+
+    /// Whether callbacks are queued to run (in an I/O callback: queued
+    /// before this poll, or by an earlier callback of it).
+    pub(crate) fn has_ready(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| !st.ready.is_empty())
     }
 
     /// The libuv loop, while open.
@@ -457,6 +472,7 @@ impl LoopCore {
         let shared = Box::new(LoopShared {
             gil: GilHandoff::new(),
             io_seen: Cell::new(false),
+            polls: Cell::new(0),
             state: NativeCell::new(LoopState {
                 uv: None,
                 ready: VecDeque::with_capacity(1024),

@@ -194,6 +194,7 @@ fn uv_run(py: Python<'_>, shared: &LoopShared, raw: *mut sys::uv_loop_t, mode: s
     // yields it through the interpreter's switch interval like any Python
     // code.
     shared.gil.set_release_before_poll(may_block);
+    shared.polls.set(shared.polls.get() + 1);
     // SAFETY: the loop is open (raw was read from the state this turn) and
     // used on its thread; the GIL is released only in the prepare callback
     // and taken back by the first callback that needs it, or below.

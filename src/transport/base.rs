@@ -52,6 +52,9 @@ pub(crate) struct TransportBase {
     /// The context the protocol's callbacks run in: a copy of the one the
     /// transport was made in (see `ContextScope`).
     pub(crate) context: Py<PyAny>,
+    /// The poll during or after which reading last started or resumed
+    /// (`Transport::note_read_start`).
+    pub(crate) read_started_poll: Option<u64>,
 }
 
 impl TransportBase {
@@ -71,6 +74,7 @@ impl TransportBase {
             protocol_paused: false,
             pause_on_reaching_high: false,
             context,
+            read_started_poll: None,
         })
     }
 
@@ -270,6 +274,31 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
         if let Some(started) = scope.started {
             let (loop_obj, wrapper) = self.with_base(py, |b| (b.loop_obj.clone_ref(py), b.wrapper.clone_ref(py)));
             warn_if_slow_io(py, loop_obj.bind(py), wrapper.bind(py), started);
+        }
+    }
+
+    /// Reading starts or resumes now (start_reading, resume_reading):
+    /// see `first_read_waits`.
+    fn note_read_start(&self, py: Python<'_>) {
+        let poll = self.shared().poll_number();
+        self.with_base(py, |b| b.read_started_poll = Some(poll));
+    }
+
+    /// Whether what the socket has now must wait for the callbacks already
+    /// queued. asyncio's selector loop runs an fd's read callback from the
+    /// ready queue, behind everything queued before the poll that saw it:
+    /// reading that starts in one turn (connection_made, reading and the
+    /// connection's waiter are queued together) delivers nothing before the
+    /// task awaiting the waiter has resumed, nor before what connection_made
+    /// queued. A core reads inside libuv's poll, ahead of the queue, so its
+    /// first polls after reading started (that poll and the next) leave the
+    /// data in the kernel while callbacks are queued; the poll after they
+    /// ran reads it. Later reads are not held (the cost would be per read).
+    fn first_read_waits(&self, py: Python<'_>) -> bool {
+        let started = self.with_base(py, |b| b.read_started_poll);
+        match started {
+            Some(p) if self.shared().poll_number() <= p + 1 => self.shared().has_ready(py),
+            _ => false,
         }
     }
 
