@@ -11,6 +11,7 @@ import errno
 import io
 import operator
 import os
+import _socket
 import socket
 import sys
 from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock
@@ -57,14 +58,16 @@ def _ready():
 
 
 def _encode_host(host):
-    """The host as socket.getaddrinfo passes it to the resolver."""
+    """The host as socket.getaddrinfo passes it to the resolver (a str or
+    bytes, subclasses included; nothing else, not even a bytearray)."""
     if host is None:
         return None
     if isinstance(host, str):
-        return host.encode("idna")
-    if isinstance(host, (bytes, bytearray)):
-        return bytes(host)
-    raise TypeError("getaddrinfo() argument 1 must be string or None")
+        host = host.encode("idna")
+    elif not isinstance(host, bytes):
+        raise TypeError("getaddrinfo() argument 1 must be string or None")
+    # (The C string it becomes ends at a NUL.)
+    return bytes(host).split(b"\0", 1)[0]
 
 
 _C_LONG_MIN, _C_LONG_MAX = -(2**63), 2**63 - 1
@@ -136,6 +139,14 @@ def _server_timeouts(handshake, shutdown):
 
 
 _NUMERIC_NAME_INFO = socket.NI_NUMERICHOST | socket.NI_NUMERICSERV
+
+# The socket module's own getaddrinfo / getnameinfo (None if another was
+# already in place when zuvrs was imported). While socket's attributes are
+# these, zuvrs answers natively; a program or test that replaces one (a DNS
+# test double, an IPv4-only wrapper, a resolver patched in) is obeyed as
+# asyncio obeys it: the replacement runs in the default executor.
+_SOCKET_GETADDRINFO = socket.getaddrinfo if getattr(socket.getaddrinfo, "__module__", None) == "socket" else None
+_SOCKET_GETNAMEINFO = _socket.getnameinfo if socket.getnameinfo is _socket.getnameinfo else None
 
 
 # create_unix_server's cleanup_socket default: asyncio's from 3.13 (before
@@ -507,7 +518,11 @@ class NetworkMixin:
 
     async def getaddrinfo(self, host, port, *, family=0, type=0, proto=0, flags=0):
         """socket.getaddrinfo() without blocking the loop: address literals
-        are answered at once, names are resolved on libuv's thread pool."""
+        are answered at once, names are resolved on libuv's thread pool.
+        A replaced socket.getaddrinfo, and debug mode (which logs each
+        lookup), take asyncio's way: the function in the executor."""
+        if socket.getaddrinfo is not _SOCKET_GETADDRINFO or self._debug:
+            return await super().getaddrinfo(host, port, family=family, type=type, proto=proto, flags=flags)
         infos = _zuvrs.numeric_addrinfo(host, port, family, type, proto, flags)
         if infos is not None:
             return infos
@@ -522,17 +537,22 @@ class NetworkMixin:
 
     async def getnameinfo(self, sockaddr, flags=0):
         """socket.getnameinfo() without blocking the loop: numeric answers at
-        once, name lookups on libuv's thread pool."""
+        once, name lookups on libuv's thread pool; a replaced
+        socket.getnameinfo runs in the executor, as asyncio runs it."""
+        getnameinfo = _SOCKET_GETNAMEINFO
+        if socket.getnameinfo is not getnameinfo:
+            return await super().getnameinfo(sockaddr, flags)
         flags = operator.index(flags)  # (socket.getnameinfo's TypeError)
         if flags & _NUMERIC_NAME_INFO == _NUMERIC_NAME_INFO:
             # Needs no lookup (the host must be numeric in any case).
-            return socket.getnameinfo(sockaddr, flags)
+            return getnameinfo(sockaddr, flags)
         # socket.getnameinfo checks the arguments and flags as the stdlib
         # would (its errors are the stdlib's) and prints the address for the
         # lookup. (NI_NAMEREQD would make a numeric answer an error.)
-        host, port = socket.getnameinfo(sockaddr, (flags & ~socket.NI_NAMEREQD) | _NUMERIC_NAME_INFO)
-        flowinfo = sockaddr[2] if len(sockaddr) > 2 else 0
-        scope_id = sockaddr[3] if len(sockaddr) > 3 else 0
+        host, port = getnameinfo(sockaddr, (flags & ~socket.NI_NAMEREQD) | _NUMERIC_NAME_INFO)
+        # (As socket.getnameinfo reads them: C unsigned ints, unchecked.)
+        flowinfo = sockaddr[2] & 0xFFFFFFFF if len(sockaddr) > 2 else 0
+        scope_id = sockaddr[3] & 0xFFFFFFFF if len(sockaddr) > 3 else 0
         fut = self.create_future()
         _zuvrs.name_info(self, fut, host, int(port), flowinfo, scope_id, flags)
         return await fut

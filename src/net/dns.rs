@@ -27,7 +27,9 @@ use crate::net::addr::{self, SockAddr};
 use crate::python;
 use crate::uv::sys;
 
-/// The port of a numeric service: None, an int, or a string of digits.
+/// The port of a numeric service: None, an exact int (socket.getaddrinfo
+/// refuses a subclass, bool or IntEnum: "Int or String expected"), or a
+/// string of digits.
 fn parse_port(port: &Bound<'_, PyAny>) -> Option<u16> {
     if port.is_none() {
         return Some(0);
@@ -39,7 +41,7 @@ fn parse_port(port: &Bound<'_, PyAny>) -> Option<u16> {
     if let Ok(b) = port.cast::<PyBytes>() {
         return digits(std::str::from_utf8(b.as_bytes()).ok()?);
     }
-    if port.is_instance_of::<pyo3::types::PyBool>() {
+    if !port.is_exact_instance_of::<pyo3::types::PyInt>() {
         return None;
     }
     port.extract::<i64>().ok().and_then(|p| u16::try_from(p).ok())
