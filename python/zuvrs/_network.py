@@ -614,9 +614,11 @@ class NetworkMixin:
                 raise ValueError("path and sock can not be specified at the same time")
             path = os.fspath(path)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            if path[0] not in (0, "\x00"):
-                _remove_stale_socket(path)
             try:
+                if path[0] not in (0, "\x00"):
+                    # (A path with a NUL inside is refused there, as os.stat
+                    # refuses it in asyncio, before it can be bound truncated.)
+                    _remove_stale_socket(path)
                 sock.bind(path)
             except OSError as exc:
                 sock.close()
