@@ -188,8 +188,8 @@ GETADDRINFO_CASES = [
     (bytearray(b"127.0.0.1"), 80),
     (memoryview(b"127.0.0.1"), 80),
     (1234, 80),
-    ("127.0.0.1\0junk", 80),
-    (b"127.0.0.1\0junk", 80),
+    # (A host with a NUL inside is left out: zuvrs refuses it with
+    # ValueError where the socket module cuts it at the NUL, on purpose.)
     ("127.1", 80),
     ("0x7f.1", 80),
     ("127.0.0.1", None),

@@ -63,11 +63,12 @@ def _encode_host(host):
     if host is None:
         return None
     if isinstance(host, str):
-        host = host.encode("idna")
-    elif not isinstance(host, bytes):
-        raise TypeError("getaddrinfo() argument 1 must be string or None")
-    # (The C string it becomes ends at a NUL.)
-    return bytes(host).split(b"\0", 1)[0]
+        return host.encode("idna")
+    if isinstance(host, bytes):
+        # (One with a NUL inside is refused natively, where the socket
+        # module would cut it there: see README, "bad input".)
+        return bytes(host)
+    raise TypeError("getaddrinfo() argument 1 must be string or None")
 
 
 _C_LONG_MIN, _C_LONG_MAX = -(2**63), 2**63 - 1
