@@ -494,3 +494,62 @@ def test_resume_reading_delivers_after_what_was_queued(loop, kind):
         assert_returned_first(events)
 
     run(loop, main())
+
+
+# -- and no later -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("polling", [False, True], ids=["idle", "kept-polling"])
+@pytest.mark.parametrize("kind", ["pipe", "socket"])
+def test_first_data_comes_before_what_the_resumed_task_queues(loop, kind, polling):
+    """The first data waits for the callbacks of the turn reading started,
+    not for those queued by the resumed task: here the task closes another
+    transport right after connect_read_pipe() returned (asyncssh's stdin
+    redirection), and the new transport's data still comes before the old
+    one's connection_lost."""
+
+    async def main():
+        events = []
+
+        def make(name):
+            def connection_lost(exc):
+                events.append(("lost", name))
+
+            proto = Recorder(events)
+            proto.data_received = lambda data: events.append(("data", name, data))
+            proto.connection_lost = connection_lost
+            return proto
+
+        def endpoint():
+            if kind == "pipe":
+                r, w = os.pipe()
+                return open(r, "rb", buffering=0), open(w, "wb", buffering=0)
+            a, b = socket.socketpair()
+            return a, b.makefile("wb", buffering=0)
+
+        async def connect(name, reader):
+            if kind == "pipe":
+                return await loop.connect_read_pipe(lambda: make(name), reader)
+            return await loop.connect_accepted_socket(lambda: make(name), reader)
+
+        old_r, old_w = endpoint()
+        new_r, new_w = endpoint()
+        async with loop_kept_polling() if polling else _async_null():
+            old, _ = await connect("old", old_r)
+            await asyncio.sleep(0.01)
+            new_w.write(EARLY)
+            new, _ = await connect("new", new_r)
+            old.close()
+            await wait_until(lambda: ("lost", "old") in events and any(e[0] == "data" for e in events))
+            new.close()
+        old_w.close()
+        new_w.close()
+        interesting = [e for e in events if e != "connection_made"]
+        assert interesting[:2] == [("data", "new", EARLY), ("lost", "old")], events
+
+    run(loop, main())
+
+
+@contextlib.asynccontextmanager
+async def _async_null():
+    yield

@@ -134,13 +134,15 @@ pub(crate) struct LoopShared {
     gil: GilHandoff,
     /// Set by libuv callbacks that saw I/O during the current poll.
     io_seen: Cell<bool>,
-    /// The polls (`uv_run` calls of the turn) made so far: the current or
-    /// the last one's number (see `ReadStart`).
-    polls: Cell<u64>,
+    /// The turns run so far: the current turn's number (see
+    /// `Transport::first_read_waits`).
+    turns: Cell<u64>,
+    /// The next turn polls even if it would skip an idle poll.
+    poll_wanted: Cell<bool>,
     state: NativeCell<LoopState>,
 }
 
-// SAFETY: `gil`, `io_seen` and `polls` are only touched on the loop's
+// SAFETY: `gil`, `io_seen`, `turns` and `poll_wanted` are only touched on the loop's
 // thread (inside uv_run and around it); the state is in a NativeCell.
 unsafe impl Sync for LoopShared {}
 // SAFETY: as above.
@@ -176,10 +178,16 @@ impl LoopShared {
         }
     }
 
-    /// The number of the current poll, or of the last one between polls.
+    /// The number of the current turn.
     #[inline]
-    pub(crate) fn poll_number(&self) -> u64 {
-        self.polls.get()
+    pub(crate) fn turn_number(&self) -> u64 {
+        self.turns.get()
+    }
+
+    /// Makes the next turn poll (a busy turn may otherwise skip it).
+    #[inline]
+    pub(crate) fn want_poll(&self) {
+        self.poll_wanted.set(true);
     }
 
     /// Whether callbacks are queued to run (in an I/O callback: queued
@@ -472,7 +480,8 @@ impl LoopCore {
         let shared = Box::new(LoopShared {
             gil: GilHandoff::new(),
             io_seen: Cell::new(false),
-            polls: Cell::new(0),
+            turns: Cell::new(0),
+            poll_wanted: Cell::new(false),
             state: NativeCell::new(LoopState {
                 uv: None,
                 ready: VecDeque::with_capacity(1024),

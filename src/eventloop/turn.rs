@@ -194,7 +194,6 @@ fn uv_run(py: Python<'_>, shared: &LoopShared, raw: *mut sys::uv_loop_t, mode: s
     // yields it through the interpreter's switch interval like any Python
     // code.
     shared.gil.set_release_before_poll(may_block);
-    shared.polls.set(shared.polls.get() + 1);
     // SAFETY: the loop is open (raw was read from the state this turn) and
     // used on its thread; the GIL is released only in the prepare callback
     // and taken back by the first callback that needs it, or below.
@@ -215,6 +214,7 @@ fn uv_run(py: Python<'_>, shared: &LoopShared, raw: *mut sys::uv_loop_t, mode: s
 /// One turn: flush writes, poll (or skip an idle poll), move due timers
 /// to the ready queue, run the callbacks queued when the turn began.
 fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing: &mut PollPacing) -> PyResult<()> {
+    shared.turns.set(shared.turns.get() + 1);
     shared.run_before_poll(py)?;
     let (raw, busy, stopping) = shared.state.with(py, |st| {
         let raw = st.uv.as_ref().map(|p| p.uv.raw());
@@ -224,7 +224,10 @@ fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing:
     let now = if busy { monotonic() } else { 0.0 };
     // The time after a poll that may have waited, for the timers too.
     let mut polled_at = None;
-    if pacing.should_poll(busy, stopping, now) {
+    // (A transport that started reading last turn wants this turn's poll:
+    // asyncio would see its data now. See Transport::first_read_waits.)
+    let wanted = shared.poll_wanted.replace(false);
+    if wanted || pacing.should_poll(busy, stopping, now) {
         shared.io_seen.set(false);
         let mut found = false;
         if !busy && pacing.look_ahead() {
