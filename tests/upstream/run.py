@@ -25,6 +25,10 @@ Suites (``--suite``, repeatable; default all):
               loop of asyncio's default policy); aiohttp's own markers for
               dev-mode, autobahn and internal tests are deselected as in its
               pytest.ini.
+  asyncssh    asyncssh's tests from the sdist of the installed asyncssh
+              (tests/upstream/requirements.txt pins it); they need no servers
+              (its tests/util.py fakes DNS by replacing socket.getaddrinfo
+              and getnameinfo; its SSH servers and agents run in the test).
   websockets  websockets' asyncio and legacy tests. websockets' sdists do not
               ship its tests (its MANIFEST.in prunes them), so this suite
               needs a source tree of websockets: ``--websockets-src DIR`` (a
@@ -102,7 +106,7 @@ RATCHET = os.path.join(HERE, "ratchet.json")
 RESULTS_MD = os.path.join(HERE, "RESULTS.md")
 CPYTHON_RUNNER = os.path.join(ROOT, "tests", "cpython", "run_cpython_suite.py")
 
-SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "websockets")
+SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "asyncssh", "websockets")
 LOOPS = ("zuvrs", "asyncio", "uvloop")
 COLUMNS = ("passed", "failed", "errors", "skipped")
 
@@ -519,6 +523,24 @@ def suite_aiohttp(loops, files, args):
     return results, f"aiohttp {version} sdist", notes
 
 
+def suite_asyncssh(loops, files, args):
+    tree, version = sdist_tree("asyncssh")
+    work = work_copy(tree, "asyncssh", drop=("asyncssh",))
+    results, notes = {}, []
+    for loop in loops:
+        recs, n = run_pytest(
+            f"asyncssh-{loop}", work,
+            # (Its tox.ini's [pytest] section names tests/; its coverage
+            # options are tox's, not pytest's.)
+            ["-p", "no:codspeed", *file_args(files, ["tests"])],
+            {"ZUVRS_UPSTREAM_LOOP": loop},
+            SUITE_BUDGET,
+        )
+        notes += n
+        results[loop] = by_file(recs)
+    return results, f"asyncssh {version} sdist", notes
+
+
 def suite_websockets(loops, files, args):
     src = args.websockets_src
     if not src:
@@ -587,6 +609,7 @@ SUITE_FUNCS = {
     "uvloop": suite_uvloop,
     "anyio": suite_anyio,
     "aiohttp": suite_aiohttp,
+    "asyncssh": suite_asyncssh,
     "websockets": suite_websockets,
 }
 
