@@ -232,7 +232,8 @@ def test_getaddrinfo_matches_socket_module(loop, args):
 
     async def main():
         try:
-            return ("ok", sorted(await asyncio.wait_for(loop.getaddrinfo(*args[:2], **_hints(args)), TIMEOUT), key=repr))
+            infos = await asyncio.wait_for(loop.getaddrinfo(*args[:2], **_hints(args)), TIMEOUT)
+            return ("ok", sorted(infos, key=repr))
         except Exception as exc:
             return ("raised", type(exc), str(exc))
 

@@ -7,11 +7,11 @@ primitives; this module provides those primitives the way zuvrs does them:
 servers, and transports over native stream cores.
 """
 
+import _socket
 import errno
 import io
 import operator
 import os
-import _socket
 import socket
 import sys
 from asyncio import base_events, constants, exceptions, sslproto, tasks, trsock

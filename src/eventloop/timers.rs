@@ -139,10 +139,7 @@ pub(crate) struct TimerHeap<T: Timer = Py<TimerHandle>> {
 
 impl<T: Timer> TimerHeap<T> {
     pub(crate) fn new() -> Self {
-        TimerHeap {
-            heap: Heap(Vec::new()),
-            book: Rc::new(TimerBook { cancelled_in_heap: std::cell::Cell::new(0) }),
-        }
+        TimerHeap { heap: Heap(Vec::new()), book: Rc::new(TimerBook { cancelled_in_heap: std::cell::Cell::new(0) }) }
     }
 
     pub(crate) fn book(&self) -> &Rc<TimerBook> {
