@@ -1,6 +1,7 @@
 """call_later / call_at / TimerHandle / asyncio.sleep."""
 
 import asyncio
+import math
 import random
 import sys
 import time
@@ -477,9 +478,21 @@ NAN_SCENARIOS = {
 }
 
 
+def _skip_asyncio_nan_on_313(loop, scheduled):
+    """asyncio 3.13+ computes its poll timeout from a NaN deadline first in
+    the heap and its selector raises ValueError out of run_forever: there
+    the stdlib has no order to compare with. zuvrs keeps 3.10-3.12's
+    (a NaN deadline is due), which the test states."""
+    has_nan = any(math.isnan(d[1] if isinstance(d, tuple) else d) for _, d in scheduled)
+    if has_nan and sys.version_info >= (3, 13) and isinstance(loop, asyncio.BaseEventLoop) \
+            and type(loop).__module__.startswith("asyncio"):
+        pytest.skip("asyncio 3.13+ raises ValueError from its selector for a NaN deadline")
+
+
 @pytest.mark.parametrize("name", list(NAN_SCENARIOS))
 def test_nan_and_infinite_deadlines_fire_as_in_asyncio(loop, name):
     scheduled, expected = NAN_SCENARIOS[name]
+    _skip_asyncio_nan_on_313(loop, scheduled)
     fired = []
     handles = []
     for label, delay in scheduled:
@@ -496,6 +509,7 @@ def test_nan_and_infinite_deadlines_fire_as_in_asyncio(loop, name):
 
 def test_nan_deadline_fires_at_the_next_turn_before_later_timers(loop):
     """call_later(nan) made first: the next turn runs it, as a due timer."""
+    _skip_asyncio_nan_on_313(loop, [("nan", NAN)])
     turns = []
     loop.call_later(NAN, lambda: turns.append(("nan", len(turns))))
     loop.call_later(0.01, loop.stop)
@@ -538,6 +552,8 @@ def test_nan_deadlines_in_random_schedules_match_the_stdlib_loop(loop_factory):
     NaN, -inf and distinct finite deadlines with cancellations, on the loop
     under test and on the stdlib loop (heapq). Fewer than 100 timers, so
     neither loop compacts its heap."""
+    if sys.version_info >= (3, 13):
+        pytest.skip("asyncio 3.13+ raises ValueError from its selector for a NaN deadline")
     rng = random.Random(2112)
     for _ in range(40):
         ops = []
