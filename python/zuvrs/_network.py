@@ -40,6 +40,7 @@ _SOCK_STREAM = socket.SOCK_STREAM
 _FAMILIES = {socket.AF_INET: socket.AF_INET, socket.AF_INET6: socket.AF_INET6}
 _IPPROTO_TCP = socket.IPPROTO_TCP
 _tcp_connect = _zuvrs.tcp_connect
+_numeric_addrinfo = _zuvrs.numeric_addrinfo
 
 
 def _check_socket(loop, sock):
@@ -522,11 +523,14 @@ class NetworkMixin:
         are answered at once, names are resolved on libuv's thread pool.
         A replaced socket.getaddrinfo, and debug mode (which logs each
         lookup), take asyncio's way: the function in the executor."""
-        if socket.getaddrinfo is not _SOCKET_GETADDRINFO or self._debug:
+        if socket.getaddrinfo is not _SOCKET_GETADDRINFO:
             return await super().getaddrinfo(host, port, family=family, type=type, proto=proto, flags=flags)
-        infos = _zuvrs.numeric_addrinfo(host, port, family, type, proto, flags)
+        # (None in debug mode too: checked natively, for the fast path.)
+        infos = _numeric_addrinfo(self, host, port, family, type, proto, flags)
         if infos is not None:
             return infos
+        if self._debug:
+            return await super().getaddrinfo(host, port, family=family, type=type, proto=proto, flags=flags)
         fut = self.create_future()
         try:
             _zuvrs.resolve(self, fut, _encode_host(host), _encode_port(port), family, type, proto, flags)

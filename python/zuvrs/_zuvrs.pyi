@@ -131,7 +131,7 @@ class Connecting:
     def __call__(self) -> None: ...
 
 def numeric_addrinfo(
-    host: Any, port: Any, family: int = 0, type: int = 0, proto: int = 0, flags: int = 0
+    loop: LoopCore, host: Any, port: Any, family: int = 0, type: int = 0, proto: int = 0, flags: int = 0
 ) -> list[tuple[Any, Any, int, str, tuple[Any, ...]]] | None: ...
 def resolve(
     loop: LoopCore,

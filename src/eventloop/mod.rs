@@ -289,7 +289,8 @@ impl LoopShared {
         }
     }
 
-    fn debug(&self, py: Python<'_>) -> bool {
+    /// Whether the loop is in debug mode.
+    pub(crate) fn debug(&self, py: Python<'_>) -> bool {
         self.state.with(py, |st| st.debug)
     }
 

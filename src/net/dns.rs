@@ -64,12 +64,15 @@ fn socket_kinds(socktype: i32, proto: i32) -> Option<&'static [(i32, i32)]> {
     }
 }
 
-/// getaddrinfo answered without the resolver, or None when the arguments
-/// need it.
+/// getaddrinfo on `loop_obj` answered without the resolver, or None when
+/// the arguments need it or the loop is in debug mode (asyncio's debug
+/// mode logs every lookup).
 #[pyfunction]
-#[pyo3(signature = (host, port, family=0, r#type=0, proto=0, flags=0))]
+#[pyo3(signature = (loop_obj, host, port, family=0, r#type=0, proto=0, flags=0))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn numeric_addrinfo<'py>(
     py: Python<'py>,
+    loop_obj: &Bound<'py, LoopCore>,
     host: &Bound<'py, PyAny>,
     port: &Bound<'py, PyAny>,
     family: i32,
@@ -78,7 +81,7 @@ pub(crate) fn numeric_addrinfo<'py>(
     flags: i32,
 ) -> PyResult<Option<Bound<'py, PyList>>> {
     const FAST_FLAGS: i32 = libc::AI_NUMERICHOST | libc::AI_NUMERICSERV | libc::AI_PASSIVE;
-    if flags & !FAST_FLAGS != 0 {
+    if flags & !FAST_FLAGS != 0 || loop_obj.get().shared().debug(py) {
         return Ok(None);
     }
     let text = if let Ok(s) = host.cast::<PyString>() {
