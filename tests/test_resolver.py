@@ -216,6 +216,11 @@ GETADDRINFO_CASES = [
     ("127.0.0.1", 80, 0, 0, 0, socket.AI_PASSIVE),
     ("127.0.0.1", 80, _Port.HTTP),
     ("127.0.0.1", 80, "0"),
+    ("127.0.0.1", 80, 2**40),
+    ("127.0.0.1", 80, 0, -(2**40)),
+    ("127.0.0.1", 80, 0, 0, 2**70),
+    ("127.0.0.1", 80, 0, 0, 0, 1.5),
+    ("127.0.0.1", 80, socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, socket.AI_NUMERICHOST),
 ]
 
 

@@ -149,6 +149,7 @@ _NUMERIC_NAME_INFO = socket.NI_NUMERICHOST | socket.NI_NUMERICSERV
 # asyncio obeys it: the replacement runs in the default executor.
 _SOCKET_GETADDRINFO = socket.getaddrinfo if getattr(socket.getaddrinfo, "__module__", None) == "socket" else None
 _SOCKET_GETNAMEINFO = _socket.getnameinfo if socket.getnameinfo is _socket.getnameinfo else None
+_zuvrs.keep_socket_getaddrinfo(_SOCKET_GETADDRINFO)
 
 
 # create_unix_server's cleanup_socket default: asyncio's from 3.13 (before
@@ -523,20 +524,20 @@ class NetworkMixin:
         are answered at once, names are resolved on libuv's thread pool.
         A replaced socket.getaddrinfo, and debug mode (which logs each
         lookup), take asyncio's way: the function in the executor."""
-        if socket.getaddrinfo is not _SOCKET_GETADDRINFO:
-            return await super().getaddrinfo(host, port, family=family, type=type, proto=proto, flags=flags)
-        # (None in debug mode too: checked natively, for the fast path.)
+        # (None also when socket.getaddrinfo was replaced or in debug mode:
+        # checked natively, for the fast path.)
         infos = _numeric_addrinfo(self, host, port, family, type, proto, flags)
         if infos is not None:
             return infos
-        if self._debug:
+        if socket.getaddrinfo is not _SOCKET_GETADDRINFO or self._debug:
             return await super().getaddrinfo(host, port, family=family, type=type, proto=proto, flags=flags)
         fut = self.create_future()
         try:
             _zuvrs.resolve(self, fut, _encode_host(host), _encode_port(port), family, type, proto, flags)
-        except OSError:
-            # libuv refused the arguments (an empty host, no host nor port):
-            # the resolver's own answer, with the stdlib's errors.
+        except (OSError, TypeError, OverflowError):
+            # Arguments libuv refused (an empty host, no host nor port) or
+            # that are not what the socket module takes: its own answer,
+            # with its errors and messages.
             return await self.run_in_executor(None, socket.getaddrinfo, host, port, family, type, proto, flags)
         return await fut
 
