@@ -72,9 +72,11 @@ target/upstream/logs/.
 
 Usage::
 
-    tools/upstream.sh                        # everything, three loops (about 70 minutes:
-                                             #   aiohttp ~45, uvloop ~9, cpython ~7, anyio ~5)
-    tools/upstream.sh --ci                   # the CI subset, zuvrs only (about 3.5 minutes)
+    tools/upstream.sh                        # everything, three loops (about 2 hours: aiohttp ~45,
+                                             #   asyncssh ~55 (uvloop's hangs take its 45-minute
+                                             #   budget; ~6 on the other loops), uvloop ~9,
+                                             #   cpython ~7, anyio ~5)
+    tools/upstream.sh --ci                   # the CI subset, zuvrs only (about 6 minutes)
     tools/upstream.sh --suite uvloop --loop zuvrs,asyncio
     tools/upstream.sh --suite anyio --file test_taskgroups.py
     tools/upstream.sh --update-ratchet       # after a full run's worth of improvements
@@ -117,8 +119,9 @@ COLUMNS = ("passed", "failed", "errors", "skipped")
 # (results vary from run to run on every loop, with the sandbox's IPv6) and
 # test_pytest_plugin.py (slow, pytester); most of aiohttp's (its whole suite
 # takes about 20 minutes per loop; its parser and helper tests do not depend
-# on the loop). The selection takes about 3.5 minutes (pip install
-# included; the sdists' download adds a few seconds on a fresh machine).
+# on the loop). The selection takes about 6 minutes (asyncssh's part about
+# 2.5; pip install and the sdists' download add a few seconds on a fresh
+# machine).
 CI_SELECTION = {
     "cpython": None,
     "uvloop": [
