@@ -2,11 +2,13 @@
 //! timer, armed for the earliest live deadline.
 //!
 //! The heap is asyncio's: `heapq`'s algorithms step by step, with its
-//! comparison of `TimerHandle`s (`when < other.when`), so timers fire in
-//! asyncio's order also where a comparison cannot tell: equal deadlines
-//! (heapq is not FIFO for them) and NaN ones, which compare false both ways,
-//! sit and move in the heap where asyncio's would, and fire when they reach
-//! the top (a NaN is never "later" than now). Cancelling is O(1): the handle is marked and
+//! comparison of `TimerHandle`s (`when < other.when`), so a NaN deadline,
+//! which compares false both ways, sits and moves in the heap where
+//! asyncio's would, and fires when it reaches the top (a NaN is never
+//! "later" than now). Equal deadlines fire in the order they were scheduled
+//! (heapq's order for them depends on the heap's shape): successive
+//! `call_later(d)` calls read the clock at different times in asyncio, and
+//! zuvrs's calls, faster, can read the same nanosecond. Cancelling is O(1): the handle is marked and
 //! counted in the shared [`TimerBook`]; dead entries are dropped when they reach
 //! the top, and the heap is rebuilt when they are more than half of it. A heap
 //! that has shrunk to a small part of its capacity gives the memory back.
@@ -49,15 +51,17 @@ impl Timer for Py<TimerHandle> {
 
 struct Entry<T> {
     when: f64,
+    seq: u64,
     timer: T,
 }
 
 impl<T> Entry<T> {
-    /// heapq's `<` for asyncio's timers (`TimerHandle.__lt__`): the earlier
-    /// deadline; false both ways for equal deadlines and when either is NaN.
+    /// heapq's `<` for asyncio's timers (`TimerHandle.__lt__`: the earlier
+    /// deadline, false both ways when either is NaN), equal deadlines in
+    /// scheduling order.
     #[inline]
     fn before(&self, other: &Self) -> bool {
-        self.when < other.when
+        self.when < other.when || (self.when == other.when && self.seq < other.seq)
     }
 }
 
@@ -134,12 +138,17 @@ impl<T> Heap<T> {
 
 pub(crate) struct TimerHeap<T: Timer = Py<TimerHandle>> {
     heap: Heap<T>,
+    next_seq: u64,
     book: Rc<TimerBook>,
 }
 
 impl<T: Timer> TimerHeap<T> {
     pub(crate) fn new() -> Self {
-        TimerHeap { heap: Heap(Vec::new()), book: Rc::new(TimerBook { cancelled_in_heap: std::cell::Cell::new(0) }) }
+        TimerHeap {
+            heap: Heap(Vec::new()),
+            next_seq: 0,
+            book: Rc::new(TimerBook { cancelled_in_heap: std::cell::Cell::new(0) }),
+        }
     }
 
     pub(crate) fn book(&self) -> &Rc<TimerBook> {
@@ -147,7 +156,9 @@ impl<T: Timer> TimerHeap<T> {
     }
 
     pub(crate) fn push(&mut self, timer: T, when: f64) {
-        self.heap.push(Entry { when, timer });
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.heap.push(Entry { when, seq, timer });
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -293,7 +304,7 @@ mod tests {
     }
 
     #[test]
-    fn earliest_first_and_ties_as_heapq() {
+    fn earliest_first_and_ties_in_scheduling_order() {
         with_py(|py| {
             let mut heap = TimerHeap::<Fake>::new();
             for (name, when) in [(0, 3.0), (1, 1.0), (2, 2.0), (3, 1.0), (4, 1.0)] {
