@@ -41,6 +41,7 @@ fn _zuvrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     eventloop::install_fast_methods(m.py())?;
     m.add_function(wrap_pyfunction!(libuv_version, m)?)?;
     m.add_function(wrap_pyfunction!(net::dns::numeric_addrinfo, m)?)?;
+    m.add_function(wrap_pyfunction!(net::dns::keep_socket_getaddrinfo, m)?)?;
     m.add_function(wrap_pyfunction!(net::dns::resolve, m)?)?;
     m.add_function(wrap_pyfunction!(net::dns::name_info, m)?)?;
     m.add_function(wrap_pyfunction!(net::tcp::tcp_connect, m)?)?;

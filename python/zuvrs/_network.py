@@ -7,6 +7,7 @@ primitives; this module provides those primitives the way zuvrs does them:
 servers, and transports over native stream cores.
 """
 
+import _socket
 import errno
 import io
 import operator
@@ -39,6 +40,7 @@ _SOCK_STREAM = socket.SOCK_STREAM
 _FAMILIES = {socket.AF_INET: socket.AF_INET, socket.AF_INET6: socket.AF_INET6}
 _IPPROTO_TCP = socket.IPPROTO_TCP
 _tcp_connect = _zuvrs.tcp_connect
+_numeric_addrinfo = _zuvrs.numeric_addrinfo
 
 
 def _check_socket(loop, sock):
@@ -57,12 +59,15 @@ def _ready():
 
 
 def _encode_host(host):
-    """The host as socket.getaddrinfo passes it to the resolver."""
+    """The host as socket.getaddrinfo passes it to the resolver (a str or
+    bytes, subclasses included; nothing else, not even a bytearray)."""
     if host is None:
         return None
     if isinstance(host, str):
         return host.encode("idna")
-    if isinstance(host, (bytes, bytearray)):
+    if isinstance(host, bytes):
+        # (One with a NUL inside is refused natively, where the socket
+        # module would cut it there: see README, "bad input".)
         return bytes(host)
     raise TypeError("getaddrinfo() argument 1 must be string or None")
 
@@ -136,6 +141,15 @@ def _server_timeouts(handshake, shutdown):
 
 
 _NUMERIC_NAME_INFO = socket.NI_NUMERICHOST | socket.NI_NUMERICSERV
+
+# The socket module's own getaddrinfo / getnameinfo (None if another was
+# already in place when zuvrs was imported). While socket's attributes are
+# these, zuvrs answers natively; a program or test that replaces one (a DNS
+# test double, an IPv4-only wrapper, a resolver patched in) is obeyed as
+# asyncio obeys it: the replacement runs in the default executor.
+_SOCKET_GETADDRINFO = socket.getaddrinfo if getattr(socket.getaddrinfo, "__module__", None) == "socket" else None
+_SOCKET_GETNAMEINFO = _socket.getnameinfo if socket.getnameinfo is _socket.getnameinfo else None
+_zuvrs.keep_socket_getaddrinfo(_SOCKET_GETADDRINFO)
 
 
 # create_unix_server's cleanup_socket default: asyncio's from 3.13 (before
@@ -507,32 +521,44 @@ class NetworkMixin:
 
     async def getaddrinfo(self, host, port, *, family=0, type=0, proto=0, flags=0):
         """socket.getaddrinfo() without blocking the loop: address literals
-        are answered at once, names are resolved on libuv's thread pool."""
-        infos = _zuvrs.numeric_addrinfo(host, port, family, type, proto, flags)
+        are answered at once, names are resolved on libuv's thread pool.
+        A replaced socket.getaddrinfo, and debug mode (which logs each
+        lookup), take asyncio's way: the function in the executor."""
+        # (None also when socket.getaddrinfo was replaced or in debug mode:
+        # checked natively, for the fast path.)
+        infos = _numeric_addrinfo(self, host, port, family, type, proto, flags)
         if infos is not None:
             return infos
+        if socket.getaddrinfo is not _SOCKET_GETADDRINFO or self._debug:
+            return await super().getaddrinfo(host, port, family=family, type=type, proto=proto, flags=flags)
         fut = self.create_future()
         try:
             _zuvrs.resolve(self, fut, _encode_host(host), _encode_port(port), family, type, proto, flags)
-        except OSError:
-            # libuv refused the arguments (an empty host, no host nor port):
-            # the resolver's own answer, with the stdlib's errors.
+        except (OSError, TypeError, OverflowError):
+            # Arguments libuv refused (an empty host, no host nor port) or
+            # that are not what the socket module takes: its own answer,
+            # with its errors and messages.
             return await self.run_in_executor(None, socket.getaddrinfo, host, port, family, type, proto, flags)
         return await fut
 
     async def getnameinfo(self, sockaddr, flags=0):
         """socket.getnameinfo() without blocking the loop: numeric answers at
-        once, name lookups on libuv's thread pool."""
+        once, name lookups on libuv's thread pool; a replaced
+        socket.getnameinfo runs in the executor, as asyncio runs it."""
+        getnameinfo = _SOCKET_GETNAMEINFO
+        if socket.getnameinfo is not getnameinfo:
+            return await super().getnameinfo(sockaddr, flags)
         flags = operator.index(flags)  # (socket.getnameinfo's TypeError)
         if flags & _NUMERIC_NAME_INFO == _NUMERIC_NAME_INFO:
             # Needs no lookup (the host must be numeric in any case).
-            return socket.getnameinfo(sockaddr, flags)
+            return getnameinfo(sockaddr, flags)
         # socket.getnameinfo checks the arguments and flags as the stdlib
         # would (its errors are the stdlib's) and prints the address for the
         # lookup. (NI_NAMEREQD would make a numeric answer an error.)
-        host, port = socket.getnameinfo(sockaddr, (flags & ~socket.NI_NAMEREQD) | _NUMERIC_NAME_INFO)
-        flowinfo = sockaddr[2] if len(sockaddr) > 2 else 0
-        scope_id = sockaddr[3] if len(sockaddr) > 3 else 0
+        host, port = getnameinfo(sockaddr, (flags & ~socket.NI_NAMEREQD) | _NUMERIC_NAME_INFO)
+        # (As socket.getnameinfo reads them: C unsigned ints, unchecked.)
+        flowinfo = sockaddr[2] & 0xFFFFFFFF if len(sockaddr) > 2 else 0
+        scope_id = sockaddr[3] & 0xFFFFFFFF if len(sockaddr) > 3 else 0
         fut = self.create_future()
         _zuvrs.name_info(self, fut, host, int(port), flowinfo, scope_id, flags)
         return await fut
@@ -594,9 +620,11 @@ class NetworkMixin:
                 raise ValueError("path and sock can not be specified at the same time")
             path = os.fspath(path)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            if path[0] not in (0, "\x00"):
-                _remove_stale_socket(path)
             try:
+                if path[0] not in (0, "\x00"):
+                    # (A path with a NUL inside is refused there, as os.stat
+                    # refuses it in asyncio, before it can be bound truncated.)
+                    _remove_stale_socket(path)
                 sock.bind(path)
             except OSError as exc:
                 sock.close()

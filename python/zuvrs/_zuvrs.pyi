@@ -131,8 +131,9 @@ class Connecting:
     def __call__(self) -> None: ...
 
 def numeric_addrinfo(
-    host: Any, port: Any, family: int = 0, type: int = 0, proto: int = 0, flags: int = 0
+    loop: LoopCore, host: Any, port: Any, family: Any, type: Any, proto: Any, flags: Any
 ) -> list[tuple[Any, Any, int, str, tuple[Any, ...]]] | None: ...
+def keep_socket_getaddrinfo(func: Callable[..., Any] | None) -> None: ...
 def resolve(
     loop: LoopCore,
     future: asyncio.Future[Any],

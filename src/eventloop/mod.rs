@@ -137,11 +137,16 @@ pub(crate) struct LoopShared {
     gil: GilHandoff,
     /// Set by libuv callbacks that saw I/O during the current poll.
     io_seen: Cell<bool>,
+    /// The turns run so far: the current turn's number (see
+    /// `Transport::first_read_waits`).
+    turns: Cell<u64>,
+    /// The next turn polls even if it would skip an idle poll.
+    poll_wanted: Cell<bool>,
     state: NativeCell<LoopState>,
 }
 
-// SAFETY: `gil` and `io_seen` are only touched on the loop's thread (inside
-// uv_run and around it); the state is in a NativeCell.
+// SAFETY: `gil`, `io_seen`, `turns` and `poll_wanted` are only touched on the loop's
+// thread (inside uv_run and around it); the state is in a NativeCell.
 unsafe impl Sync for LoopShared {}
 // SAFETY: as above.
 unsafe impl Send for LoopShared {}
@@ -174,6 +179,24 @@ impl LoopShared {
             self.gil.reacquire();
             Python::assume_attached()
         }
+    }
+
+    /// The number of the current turn.
+    #[inline]
+    pub(crate) fn turn_number(&self) -> u64 {
+        self.turns.get()
+    }
+
+    /// Makes the next turn poll (a busy turn may otherwise skip it).
+    #[inline]
+    pub(crate) fn want_poll(&self) {
+        self.poll_wanted.set(true);
+    }
+
+    /// Whether callbacks are queued to run (in an I/O callback: queued
+    /// before this poll, or by an earlier callback of it).
+    pub(crate) fn has_ready(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| !st.ready.is_empty())
     }
 
     /// The libuv loop, while open.
@@ -269,7 +292,8 @@ impl LoopShared {
         }
     }
 
-    fn debug(&self, py: Python<'_>) -> bool {
+    /// Whether the loop is in debug mode.
+    pub(crate) fn debug(&self, py: Python<'_>) -> bool {
         self.state.with(py, |st| st.debug)
     }
 
@@ -461,6 +485,8 @@ impl LoopCore {
         let shared = Box::new(LoopShared {
             gil: GilHandoff::new(),
             io_seen: Cell::new(false),
+            turns: Cell::new(0),
+            poll_wanted: Cell::new(false),
             state: NativeCell::new(LoopState {
                 uv: None,
                 ready: VecDeque::with_capacity(1024),

@@ -1,14 +1,18 @@
 //! The timer heap: every `call_later` / `call_at` of a loop shares one libuv
 //! timer, armed for the earliest live deadline.
 //!
-//! Entries are ordered by (deadline, sequence), so equal deadlines fire in the
-//! order they were scheduled. Cancelling is O(1): the handle is marked and
+//! The heap is asyncio's: `heapq`'s algorithms step by step, with its
+//! comparison of `TimerHandle`s (`when < other.when`), so a NaN deadline,
+//! which compares false both ways, sits and moves in the heap where
+//! asyncio's would, and fires when it reaches the top (a NaN is never
+//! "later" than now). Equal deadlines fire in the order they were scheduled
+//! (heapq's order for them depends on the heap's shape): successive
+//! `call_later(d)` calls read the clock at different times in asyncio, and
+//! zuvrs's calls, faster, can read the same nanosecond. Cancelling is O(1): the handle is marked and
 //! counted in the shared [`TimerBook`]; dead entries are dropped when they reach
 //! the top, and the heap is rebuilt when they are more than half of it. A heap
 //! that has shrunk to a small part of its capacity gives the memory back.
 
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
 use std::rc::Rc;
 
 use pyo3::prelude::*;
@@ -51,26 +55,89 @@ struct Entry<T> {
     timer: T,
 }
 
-impl<T> PartialEq for Entry<T> {
-    fn eq(&self, other: &Self) -> bool {
-        self.seq == other.seq
+impl<T> Entry<T> {
+    /// heapq's `<` for asyncio's timers (`TimerHandle.__lt__`: the earlier
+    /// deadline, false both ways when either is NaN), equal deadlines in
+    /// scheduling order.
+    #[inline]
+    fn before(&self, other: &Self) -> bool {
+        self.when < other.when || (self.when == other.when && self.seq < other.seq)
     }
 }
-impl<T> Eq for Entry<T> {}
-impl<T> PartialOrd for Entry<T> {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
+
+/// A binary min-heap run exactly as Python's `heapq` runs asyncio's
+/// `_scheduled` list (`heappush`, `heappop`, `heapify`), with `before` as
+/// its `<`: the same moves for the same comparisons.
+struct Heap<T>(Vec<Entry<T>>);
+
+impl<T> Heap<T> {
+    /// heapq's `_siftdown`: the entry at `pos` moves up while it is before
+    /// its parent (no further up than `start`).
+    #[inline]
+    fn sift_up(&mut self, start: usize, mut pos: usize) {
+        let h = &mut self.0;
+        while pos > start {
+            let parent = (pos - 1) >> 1;
+            if !h[pos].before(&h[parent]) {
+                break;
+            }
+            h.swap(pos, parent);
+            pos = parent;
+        }
     }
-}
-impl<T> Ord for Entry<T> {
-    // Reversed, so std's max-heap pops the earliest (deadline, sequence).
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.when.total_cmp(&self.when).then_with(|| other.seq.cmp(&self.seq))
+
+    /// heapq's `_siftup`: the smaller child moves up until `pos` reaches a
+    /// leaf (the right one unless the left is before it), then the entry
+    /// that was at `pos` moves up from there.
+    #[inline]
+    fn sift_down_to_leaf(&mut self, pos: usize) {
+        let end = self.0.len();
+        let mut hole = pos;
+        let mut child = 2 * hole + 1;
+        while child < end {
+            let right = child + 1;
+            if right < end && !self.0[child].before(&self.0[right]) {
+                child = right;
+            }
+            self.0.swap(hole, child);
+            hole = child;
+            child = 2 * hole + 1;
+        }
+        self.sift_up(pos, hole);
+    }
+
+    fn push(&mut self, e: Entry<T>) {
+        self.0.push(e);
+        let last = self.0.len() - 1;
+        self.sift_up(0, last);
+    }
+
+    fn pop(&mut self) -> Option<Entry<T>> {
+        let last = self.0.pop()?;
+        if self.0.is_empty() {
+            return Some(last);
+        }
+        let top = std::mem::replace(&mut self.0[0], last);
+        self.sift_down_to_leaf(0);
+        Some(top)
+    }
+
+    fn peek(&self) -> Option<&Entry<T>> {
+        self.0.first()
+    }
+
+    /// heapq's `heapify`.
+    fn from_vec(v: Vec<Entry<T>>) -> Self {
+        let mut h = Heap(v);
+        for i in (0..h.0.len() / 2).rev() {
+            h.sift_down_to_leaf(i);
+        }
+        h
     }
 }
 
 pub(crate) struct TimerHeap<T: Timer = Py<TimerHandle>> {
-    heap: BinaryHeap<Entry<T>>,
+    heap: Heap<T>,
     next_seq: u64,
     book: Rc<TimerBook>,
 }
@@ -78,7 +145,7 @@ pub(crate) struct TimerHeap<T: Timer = Py<TimerHandle>> {
 impl<T: Timer> TimerHeap<T> {
     pub(crate) fn new() -> Self {
         TimerHeap {
-            heap: BinaryHeap::new(),
+            heap: Heap(Vec::new()),
             next_seq: 0,
             book: Rc::new(TimerBook { cancelled_in_heap: std::cell::Cell::new(0) }),
         }
@@ -95,7 +162,7 @@ impl<T: Timer> TimerHeap<T> {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.heap.len()
+        self.heap.0.len()
     }
 
     fn count_uncancelled(&self) {
@@ -111,8 +178,8 @@ impl<T: Timer> TimerHeap<T> {
         if cancelled == 0 {
             return;
         }
-        if self.heap.len() > MIN_ENTRIES_TO_COMPACT && cancelled * 2 > self.heap.len() {
-            let old = std::mem::take(&mut self.heap).into_vec();
+        if self.len() > MIN_ENTRIES_TO_COMPACT && cancelled * 2 > self.len() {
+            let old = std::mem::take(&mut self.heap.0);
             let mut live = Vec::with_capacity(old.len() - cancelled);
             for e in old {
                 if e.timer.is_cancelled(py) {
@@ -122,7 +189,7 @@ impl<T: Timer> TimerHeap<T> {
                     live.push(e);
                 }
             }
-            self.heap = BinaryHeap::from(live);
+            self.heap = Heap::from_vec(live);
             self.book.cancelled_in_heap.set(0);
             return;
         }
@@ -141,9 +208,10 @@ impl<T: Timer> TimerHeap<T> {
     /// Gives memory back once the heap uses a small part of what it holds
     /// (after a burst of a million timers, say).
     fn shrink(&mut self) {
-        let cap = self.heap.capacity();
-        if cap > 4096 && self.heap.len() < cap / 8 {
-            self.heap.shrink_to(self.heap.len() * 2);
+        let v = &mut self.heap.0;
+        let cap = v.capacity();
+        if cap > 4096 && v.len() < cap / 8 {
+            v.shrink_to(v.len() * 2);
         }
     }
 
@@ -156,6 +224,7 @@ impl<T: Timer> TimerHeap<T> {
     /// top are returned too; the caller skips them when running).
     #[inline]
     pub(crate) fn pop_due(&mut self, py: Python<'_>, now: f64) -> Option<T> {
+        // (A NaN deadline is due: asyncio's `when >= end_time` is false.)
         if self.heap.peek()?.when > now {
             return None;
         }
@@ -164,21 +233,20 @@ impl<T: Timer> TimerHeap<T> {
         if e.timer.is_cancelled(py) {
             self.count_uncancelled();
         }
-        if self.heap.is_empty() {
+        if self.heap.0.is_empty() {
             self.shrink();
         }
         Some(e.timer)
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
-        self.heap.iter().map(|e| &e.timer)
+        self.heap.0.iter().map(|e| &e.timer)
     }
 
     /// Empties the heap, handing every handle to the caller (loop close).
     pub(crate) fn drain(&mut self) -> Vec<T> {
         self.book.cancelled_in_heap.set(0);
-        std::mem::take(&mut self.heap)
-            .into_vec()
+        std::mem::take(&mut self.heap.0)
             .into_iter()
             .map(|e| {
                 e.timer.unschedule();
@@ -217,6 +285,22 @@ mod tests {
     fn with_py(f: impl FnOnce(Python<'_>)) {
         Python::initialize();
         Python::attach(f);
+    }
+
+    /// The order Python's heapq pops the same pushes in, with asyncio's
+    /// comparison (checked with CPython: `heapq.heappush` of objects whose
+    /// `__lt__` compares `when`, then `heappop` until empty).
+    #[test]
+    fn pops_in_heapqs_order() {
+        with_py(|py| {
+            let nan = f64::NAN;
+            let mut heap = TimerHeap::<Fake>::new();
+            for (name, when) in [(0, nan), (1, 1.0), (2, nan), (3, 0.5), (4, 2.0), (5, nan), (6, 0.1)] {
+                heap.push(fake(name).0, when);
+            }
+            let order: Vec<u32> = std::iter::from_fn(|| heap.pop_due(py, 10.0)).map(|t| t.name).collect();
+            assert_eq!(order, [0, 2, 5, 6, 3, 1, 4]);
+        });
     }
 
     #[test]
@@ -290,7 +374,7 @@ mod tests {
                 heap.push(fake(i).0, 1.0);
             }
             while heap.pop_due(py, 2.0).is_some() {}
-            assert!(heap.heap.capacity() < 4096, "capacity {}", heap.heap.capacity());
+            assert!(heap.heap.0.capacity() < 4096, "capacity {}", heap.heap.0.capacity());
         });
     }
 }

@@ -214,6 +214,7 @@ fn uv_run(py: Python<'_>, shared: &LoopShared, raw: *mut sys::uv_loop_t, mode: s
 /// One turn: flush writes, poll (or skip an idle poll), move due timers
 /// to the ready queue, run the callbacks queued when the turn began.
 fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing: &mut PollPacing) -> PyResult<()> {
+    shared.turns.set(shared.turns.get() + 1);
     shared.run_before_poll(py)?;
     let (raw, busy, stopping) = shared.state.with(py, |st| {
         let raw = st.uv.as_ref().map(|p| p.uv.raw());
@@ -223,7 +224,10 @@ fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing:
     let now = if busy { monotonic() } else { 0.0 };
     // The time after a poll that may have waited, for the timers too.
     let mut polled_at = None;
-    if pacing.should_poll(busy, stopping, now) {
+    // (A transport that started reading last turn wants this turn's poll:
+    // asyncio would see its data now. See Transport::first_read_waits.)
+    let wanted = shared.poll_wanted.replace(false);
+    if wanted || pacing.should_poll(busy, stopping, now) {
         shared.io_seen.set(false);
         let mut found = false;
         if !busy && pacing.look_ahead() {

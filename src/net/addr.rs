@@ -387,6 +387,13 @@ fn small_int(obj: &Bound<'_, PyAny>, lo: i64, hi: i64) -> Option<i64> {
 /// numeric host).
 pub(crate) fn canonical_ip(host: &str, port: u16) -> Option<SockAddr> {
     let a = SockAddr::ip(host, 0, port, 0, 0)?;
+    if a.family() == libc::AF_INET {
+        // inet_pton takes an IPv4 address only as inet_ntop prints it (four
+        // decimal numbers up to 255, no leading zeros): printing it back,
+        // which costs more than the rest of a getaddrinfo answer, would
+        // only give the same text.
+        return Some(a);
+    }
     a.with_ip_text(|text, _| text == host)?.then_some(a)
 }
 
@@ -428,6 +435,14 @@ mod tests {
         assert_eq!(family("2001:db8::1"), Some(libc::AF_INET6));
         assert_eq!(family("2001:DB8::1"), None, "inet_ntop prints lower case");
         assert_eq!(family("010.0.0.1"), None);
+        for bad in ["1.2.3", "1.2.3.4.5", "256.0.0.1", "1.2.3.04", " 1.2.3.4", "1.2.3.4 ", "0x1.2.3.4", "1..2.3"] {
+            assert_eq!(family(bad), None, "{bad}");
+        }
+        // Every IPv4 address inet_pton takes is already in inet_ntop's form.
+        for host in ["0.0.0.0", "255.255.255.255", "10.20.30.40", "1.0.10.100"] {
+            let a = canonical_ip(host, 1).expect(host);
+            assert_eq!(a.ip_text(), Some((host.to_string(), 1)));
+        }
         assert_eq!(family("0:0:0:0:0:0:0:1"), None);
         assert_eq!(canonical_ip("::1", 8080).and_then(|a| a.ip_text()), Some(("::1".to_string(), 8080)));
     }

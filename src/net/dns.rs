@@ -19,6 +19,7 @@ use std::mem::MaybeUninit;
 use std::ptr;
 
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 use crate::errors::{is_fatal_base, uv_error};
@@ -27,7 +28,9 @@ use crate::net::addr::{self, SockAddr};
 use crate::python;
 use crate::uv::sys;
 
-/// The port of a numeric service: None, an int, or a string of digits.
+/// The port of a numeric service: None, an exact int (socket.getaddrinfo
+/// refuses a subclass, bool or IntEnum: "Int or String expected"), or a
+/// string of digits.
 fn parse_port(port: &Bound<'_, PyAny>) -> Option<u16> {
     if port.is_none() {
         return Some(0);
@@ -39,7 +42,7 @@ fn parse_port(port: &Bound<'_, PyAny>) -> Option<u16> {
     if let Ok(b) = port.cast::<PyBytes>() {
         return digits(std::str::from_utf8(b.as_bytes()).ok()?);
     }
-    if port.is_instance_of::<pyo3::types::PyBool>() {
+    if !port.is_exact_instance_of::<pyo3::types::PyInt>() {
         return None;
     }
     port.extract::<i64>().ok().and_then(|p| u16::try_from(p).ok())
@@ -62,20 +65,55 @@ fn socket_kinds(socktype: i32, proto: i32) -> Option<&'static [(i32, i32)]> {
     }
 }
 
-/// getaddrinfo answered without the resolver, or None when the arguments
-/// need it.
+/// `socket.getaddrinfo` as zuvrs found it when imported (None: already
+/// replaced then); see `keep_socket_getaddrinfo`.
+static SOCKET_GETADDRINFO: PyOnceLock<Option<Py<PyAny>>> = PyOnceLock::new();
+
+/// Records `socket.getaddrinfo` as zuvrs found it (None if it had been
+/// replaced before): while the socket module still has it, loop.getaddrinfo
+/// answers literals natively; a replacement is called as asyncio calls it.
 #[pyfunction]
-#[pyo3(signature = (host, port, family=0, r#type=0, proto=0, flags=0))]
+pub(crate) fn keep_socket_getaddrinfo(py: Python<'_>, func: Option<Py<PyAny>>) {
+    let _ = SOCKET_GETADDRINFO.set(py, func);
+}
+
+/// Whether `socket.getaddrinfo` is the function recorded at import (one
+/// dict look-up: this is on the fast path).
+fn socket_getaddrinfo_kept(py: Python<'_>) -> bool {
+    let Some(Some(kept)) = SOCKET_GETADDRINFO.get(py) else { return false };
+    let Ok(socket) = python::socket_module(py) else { return false };
+    matches!(socket.dict().get_item(pyo3::intern!(py, "getaddrinfo")), Ok(Some(f)) if f.is(kept))
+}
+
+/// A hint as the C int socket.getaddrinfo reads it; None for anything
+/// else (the caller then lets the socket module say what is wrong).
+fn hint(v: &Bound<'_, PyAny>) -> Option<i32> {
+    v.extract::<i32>().ok()
+}
+
+/// getaddrinfo on `loop_obj` answered without the resolver, or None when
+/// the arguments need it, socket.getaddrinfo was replaced, or the loop is
+/// in debug mode (asyncio's debug mode logs every lookup).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn numeric_addrinfo<'py>(
     py: Python<'py>,
+    loop_obj: &Bound<'py, LoopCore>,
     host: &Bound<'py, PyAny>,
     port: &Bound<'py, PyAny>,
-    family: i32,
-    r#type: i32,
-    proto: i32,
-    flags: i32,
+    family: &Bound<'py, PyAny>,
+    r#type: &Bound<'py, PyAny>,
+    proto: &Bound<'py, PyAny>,
+    flags: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyList>>> {
     const FAST_FLAGS: i32 = libc::AI_NUMERICHOST | libc::AI_NUMERICSERV | libc::AI_PASSIVE;
+    if loop_obj.get().shared().debug(py) || !socket_getaddrinfo_kept(py) {
+        return Ok(None);
+    }
+    let (Some(family), Some(r#type), Some(proto), Some(flags)) = (hint(family), hint(r#type), hint(proto), hint(flags))
+    else {
+        return Ok(None);
+    };
     if flags & !FAST_FLAGS != 0 {
         return Ok(None);
     }

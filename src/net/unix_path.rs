@@ -10,23 +10,36 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::PathBuf;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 use crate::errors::os_error;
 
 /// A path as `os.fsencode` gives it: str, bytes or a path-like object.
-fn fs_path(path: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
+/// One with a NUL inside is refused with the ValueError of the `os`
+/// function `func` (it would be another path to the kernel).
+fn fs_path(path: &Bound<'_, PyAny>, func: &str) -> PyResult<PathBuf> {
     let py = path.py();
     // SAFETY: GIL held; PyOS_FSPath returns a new reference or null with the error set.
     let fspath = unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyOS_FSPath(path.as_ptr()))? };
-    let encoded = match fspath.cast::<PyString>() {
+    let (encoded, was_str) = match fspath.cast::<PyString>() {
         // SAFETY: as above, for the filesystem encoding of a str.
-        Ok(s) => unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyUnicode_EncodeFSDefault(s.as_ptr()))? },
-        Err(_) => fspath,
+        Ok(s) => (unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyUnicode_EncodeFSDefault(s.as_ptr()))? }, true),
+        Err(_) => (fspath, false),
     };
-    let bytes = encoded.cast::<PyBytes>()?;
-    Ok(PathBuf::from(OsStr::from_bytes(bytes.as_bytes())))
+    let bytes = encoded.cast::<PyBytes>()?.as_bytes();
+    if bytes.contains(&0) {
+        // The os module's messages: up to 3.12 its str converter's own for
+        // a str, the path converter's for bytes (and from 3.13 for both).
+        let message = if was_str && !cfg!(Py_3_13) {
+            "embedded null byte".to_owned()
+        } else {
+            format!("{func}: embedded null character in path")
+        };
+        return Err(PyValueError::new_err(message));
+    }
+    Ok(PathBuf::from(OsStr::from_bytes(bytes)))
 }
 
 fn io_error(err: std::io::Error) -> PyErr {
@@ -37,7 +50,7 @@ fn io_error(err: std::io::Error) -> PyErr {
 /// errno: FileNotFoundError, PermissionError, ...) if it cannot be had.
 #[pyfunction]
 pub(crate) fn path_inode(py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<(u64, bool)> {
-    let path = fs_path(path)?;
+    let path = fs_path(path, "stat")?;
     let meta = py.detach(|| std::fs::metadata(&path)).map_err(io_error)?;
     Ok((meta.ino(), meta.file_type().is_socket()))
 }
@@ -45,6 +58,6 @@ pub(crate) fn path_inode(py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<(u
 /// `unlink(path)`; OSError with the errno on failure.
 #[pyfunction]
 pub(crate) fn unlink_path(py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<()> {
-    let path = fs_path(path)?;
+    let path = fs_path(path, "unlink")?;
     py.detach(|| std::fs::remove_file(&path)).map_err(io_error)
 }

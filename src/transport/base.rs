@@ -52,6 +52,9 @@ pub(crate) struct TransportBase {
     /// The context the protocol's callbacks run in: a copy of the one the
     /// transport was made in (see `ContextScope`).
     pub(crate) context: Py<PyAny>,
+    /// The turn in which reading last started or resumed
+    /// (`Transport::note_read_start`).
+    pub(crate) read_started_turn: Option<u64>,
 }
 
 impl TransportBase {
@@ -71,6 +74,7 @@ impl TransportBase {
             protocol_paused: false,
             pause_on_reaching_high: false,
             context,
+            read_started_turn: None,
         })
     }
 
@@ -270,6 +274,37 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
         if let Some(started) = scope.started {
             let (loop_obj, wrapper) = self.with_base(py, |b| (b.loop_obj.clone_ref(py), b.wrapper.clone_ref(py)));
             warn_if_slow_io(py, loop_obj.bind(py), wrapper.bind(py), started);
+        }
+    }
+
+    /// Reading starts or resumes now (start_reading, resume_reading):
+    /// see `first_read_waits`.
+    fn note_read_start(&self, py: Python<'_>) {
+        let shared = self.shared();
+        let turn = shared.turn_number();
+        // The next turn polls: asyncio's would see data already waiting.
+        shared.want_poll();
+        self.with_base(py, |b| b.read_started_turn = Some(turn));
+    }
+
+    /// Whether what the socket has now must wait for the callbacks already
+    /// queued. asyncio's selector loop runs an fd's read callback from the
+    /// ready queue, behind everything queued before the poll that saw it:
+    /// reading that starts in one turn (connection_made, reading and the
+    /// connection's waiter are queued together) delivers nothing before the
+    /// callbacks queued in that turn have run (the task awaiting the
+    /// waiter, what connection_made queued), and nothing after those of the
+    /// next. A core reads inside libuv's poll, ahead of the queue, so in the
+    /// turn reading started and in the next one (which polls, even if busy:
+    /// `note_read_start`), while callbacks are queued, it leaves the data in
+    /// the kernel; the next turn's poll reads it (after they ran: a turn
+    /// runs what was queued before its poll, and it polls, having seen I/O).
+    /// Later reads are not held (the cost would be per read).
+    fn first_read_waits(&self, py: Python<'_>) -> bool {
+        let started = self.with_base(py, |b| b.read_started_turn);
+        match started {
+            Some(t) if self.shared().turn_number() <= t + 1 => self.shared().has_ready(py),
+            _ => false,
         }
     }
 

@@ -397,7 +397,9 @@ impl DatagramCore {
             // libuv stopped watching; ask again once the error is collected.
             self.state.with(py, |st| st.events = 0);
         }
-        if readable && self.state.with(py, |st| st.base.wants_reading()) {
+        // (A first datagram may wait for the callbacks already queued: the
+        // poll is level-triggered, so the next poll sees it again.)
+        if readable && self.state.with(py, |st| st.base.wants_reading()) && !self.first_read_waits(py) {
             if let Err(err) = self.read_ready(py) {
                 self.readiness_failed(py, err, false);
             }
@@ -531,6 +533,7 @@ impl DatagramCore {
     /// Starts delivering datagrams (after connection_made has run).
     fn start_reading(&self, py: Python<'_>) -> PyResult<()> {
         self.state.with(py, |st| st.base.started = true);
+        self.note_read_start(py);
         self.update_poll(py)
     }
 
@@ -553,6 +556,7 @@ impl DatagramCore {
             change
         });
         if changed {
+            self.note_read_start(py);
             self.update_poll(py)?;
         }
         Ok(())

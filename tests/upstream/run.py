@@ -25,6 +25,10 @@ Suites (``--suite``, repeatable; default all):
               loop of asyncio's default policy); aiohttp's own markers for
               dev-mode, autobahn and internal tests are deselected as in its
               pytest.ini.
+  asyncssh    asyncssh's tests from the sdist of the installed asyncssh
+              (tests/upstream/requirements.txt pins it); they need no servers
+              (its tests/util.py fakes DNS by replacing socket.getaddrinfo
+              and getnameinfo; its SSH servers and agents run in the test).
   websockets  websockets' asyncio and legacy tests. websockets' sdists do not
               ship its tests (its MANIFEST.in prunes them), so this suite
               needs a source tree of websockets: ``--websockets-src DIR`` (a
@@ -68,9 +72,11 @@ target/upstream/logs/.
 
 Usage::
 
-    tools/upstream.sh                        # everything, three loops (about 70 minutes:
-                                             #   aiohttp ~45, uvloop ~9, cpython ~7, anyio ~5)
-    tools/upstream.sh --ci                   # the CI subset, zuvrs only (about 3.5 minutes)
+    tools/upstream.sh                        # everything, three loops (about 2 hours: aiohttp ~45,
+                                             #   asyncssh ~55 (uvloop's hangs take its 45-minute
+                                             #   budget; ~6 on the other loops), uvloop ~9,
+                                             #   cpython ~7, anyio ~5)
+    tools/upstream.sh --ci                   # the CI subset, zuvrs only (about 6 minutes)
     tools/upstream.sh --suite uvloop --loop zuvrs,asyncio
     tools/upstream.sh --suite anyio --file test_taskgroups.py
     tools/upstream.sh --update-ratchet       # after a full run's worth of improvements
@@ -102,7 +108,7 @@ RATCHET = os.path.join(HERE, "ratchet.json")
 RESULTS_MD = os.path.join(HERE, "RESULTS.md")
 CPYTHON_RUNNER = os.path.join(ROOT, "tests", "cpython", "run_cpython_suite.py")
 
-SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "websockets")
+SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "asyncssh", "websockets")
 LOOPS = ("zuvrs", "asyncio", "uvloop")
 COLUMNS = ("passed", "failed", "errors", "skipped")
 
@@ -113,8 +119,9 @@ COLUMNS = ("passed", "failed", "errors", "skipped")
 # (results vary from run to run on every loop, with the sandbox's IPv6) and
 # test_pytest_plugin.py (slow, pytester); most of aiohttp's (its whole suite
 # takes about 20 minutes per loop; its parser and helper tests do not depend
-# on the loop). The selection takes about 3.5 minutes (pip install
-# included; the sdists' download adds a few seconds on a fresh machine).
+# on the loop). The selection takes about 6 minutes (asyncssh's part about
+# 2.5; pip install and the sdists' download add a few seconds on a fresh
+# machine).
 CI_SELECTION = {
     "cpython": None,
     "uvloop": [
@@ -159,6 +166,23 @@ CI_SELECTION = {
         "tests/test_web_websocket_functional.py",
         "tests/test_client_ws_functional.py",
         "tests/test_web_server.py",
+    ],
+    # What exercises the loop: connections and their DNS test doubles,
+    # host-based authentication (getnameinfo), forwarding (connections
+    # made and accepted), processes and channels over pipes and sockets,
+    # agents over Unix sockets. Left out: test_public_key.py (key
+    # generation, no loop; its RSA test takes 45 of its 60 s timeout) and
+    # test_sftp.py (80 s, file operations).
+    "asyncssh": [
+        "tests/test_agent.py",
+        "tests/test_channel.py",
+        "tests/test_connection.py",
+        "tests/test_connection_auth.py",
+        "tests/test_forward.py",
+        "tests/test_process.py",
+        "tests/test_stream.py",
+        "tests/test_subprocess.py",
+        "tests/test_x11.py",
     ],
 }
 
@@ -519,6 +543,24 @@ def suite_aiohttp(loops, files, args):
     return results, f"aiohttp {version} sdist", notes
 
 
+def suite_asyncssh(loops, files, args):
+    tree, version = sdist_tree("asyncssh")
+    work = work_copy(tree, "asyncssh", drop=("asyncssh",))
+    results, notes = {}, []
+    for loop in loops:
+        recs, n = run_pytest(
+            f"asyncssh-{loop}", work,
+            # (Its tox.ini's [pytest] section names tests/; its coverage
+            # options are tox's, not pytest's.)
+            ["-p", "no:codspeed", *file_args(files, ["tests"])],
+            {"ZUVRS_UPSTREAM_LOOP": loop},
+            SUITE_BUDGET,
+        )
+        notes += n
+        results[loop] = by_file(recs)
+    return results, f"asyncssh {version} sdist", notes
+
+
 def suite_websockets(loops, files, args):
     src = args.websockets_src
     if not src:
@@ -587,6 +629,7 @@ SUITE_FUNCS = {
     "uvloop": suite_uvloop,
     "anyio": suite_anyio,
     "aiohttp": suite_aiohttp,
+    "asyncssh": suite_asyncssh,
     "websockets": suite_websockets,
 }
 
@@ -660,12 +703,36 @@ SUITE_NOTES = {
     "aiohttp": "`--aiohttp-loop=pyloop` with asyncio's default policy replaced. The failures on "
                "every loop are this machine's (file-permission tests run as root, "
                "`import aiohttp.worker` without gunicorn).",
+    "asyncssh": "Its tests/util.py replaces socket.getaddrinfo and getnameinfo with test doubles, "
+                "which a loop must call as asyncio does. gssapi and python-pkcs11 are not installed "
+                "(their tests skip); test_known_hosts_not_readable and "
+                "test_trusted_x509_certs_not_readable fail on every loop here (run as root), and so "
+                "do nine SFTP and SCP tests of file permissions.",
     "websockets": "Its tests/asyncio and tests/legacy, from a source tree (websockets' sdists "
                   "ship no tests), run with WEBSOCKETS_TESTS_TIMEOUT_FACTOR=5.",
 }
 
 
-def markdown(results, sources, loops, notes, meta):
+def previous_sections(path=RESULTS_MD):
+    """{suite: (its row of the totals table, its section)} of an existing
+    RESULTS.md: what it keeps for suites this machine has no saved run of."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        text = f.read()
+    out = {}
+    for suite in SUITES:
+        row = re.search(rf"^\| {suite} \|.*$", text, re.M)
+        section = re.search(rf"^## {suite}\n.*?(?=^## |\Z)", text, re.M | re.S)
+        if row and section:
+            out[suite] = (row.group(0), section.group(0).rstrip("\n"))
+    return out
+
+
+def markdown(results, sources, loops, notes, meta, kept=None):
+    """The tables as markdown; `kept` ({suite: (totals row, section)}, see
+    previous_sections) stands in for suites without results."""
+    kept = {s: v for s, v in (kept or {}).items() if s not in results}
     out = [
         "# Upstream test suites on zuvrs",
         "",
@@ -683,12 +750,16 @@ def markdown(results, sources, loops, notes, meta):
         "|---|---|" + "---:|" * len(loops),
     ]
     for suite in SUITES:
+        if suite in kept:
+            out.append(kept[suite][0])
         if suite not in results:
             continue
         _, totals = suite_rows(results[suite], loops)
         cells = [cell(totals[loop]) if loop in results[suite] else "-" for loop in loops]
         out.append(f"| {suite} | {sources[suite]} | " + " | ".join(cells) + " |")
     for suite in SUITES:
+        if suite in kept:
+            out += [""] + kept[suite][1].split("\n")
         if suite not in results:
             continue
         rows, totals = suite_rows(results[suite], loops)
@@ -911,10 +982,12 @@ def main(argv=None):
             rc = 1
         else:
             # RESULTS.md shows every suite and loop: the latest whole-suite
-            # run of each (this one's included).
+            # run of each (this one's included); a suite never run whole
+            # here keeps what RESULTS.md had for it.
             all_results, all_sources, all_notes = load_saved(SUITES, LOOPS)
+            kept = previous_sections()
             with open(RESULTS_MD, "w") as f:
-                f.write(markdown(all_results, all_sources, list(LOOPS), all_notes, meta))
+                f.write(markdown(all_results, all_sources, list(LOOPS), all_notes, meta, kept))
             log("ratchet and RESULTS.md updated")
     if args.check:
         bad = check_ratchet(results, {s: selection[s] for s in suites if "zuvrs" in loops})

@@ -101,6 +101,9 @@ pub(crate) struct StreamState {
     reading: bool,
     /// Reading was held back after a full read, to resume before the poll.
     rearm: bool,
+    /// This poll's read was left in the kernel for callbacks queued before
+    /// it (`Transport::first_read_waits`): libuv's UV_ENOBUFS is ours.
+    read_waits: bool,
     /// write_eof() was called; `shutdown_sent` once the EOF went out.
     eof: bool,
     shutdown_sent: bool,
@@ -235,6 +238,7 @@ impl StreamCore {
             resume
         });
         if resume {
+            self.note_read_start(py);
             self.start_read(py).map_err(uv_error)?;
         }
         Ok(())
@@ -354,6 +358,7 @@ impl StreamCore {
                     reader: Reader::Plain,
                     reading: false,
                     rearm: false,
+                    read_waits: false,
                     eof: false,
                     shutdown_sent: false,
                     writes: WriteQueue::default(),
@@ -405,6 +410,7 @@ impl StreamCore {
     /// Starts delivering data (asyncio starts reading after connection_made).
     fn start_reading(&self, py: Python<'_>) -> PyResult<()> {
         self.state.with(py, |st| st.base.started = true);
+        self.note_read_start(py);
         self.start_read(py).map_err(uv_error)
     }
 

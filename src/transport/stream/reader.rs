@@ -53,10 +53,19 @@ impl StreamCore {
     /// (`get_buffer(-1)`, as asyncio asks before each recv_into); otherwise
     /// the loop's read buffer.
     fn read_target(&self, py: Python<'_>) -> sys::uv_buf_t {
-        let protocol = self.state.with(py, |st| match st.reader {
-            Reader::Buffered { .. } => st.base.protocol.as_ref().map(|p| p.clone_ref(py)),
-            Reader::Plain | Reader::Tls(_) => None,
+        let (protocol, tls) = self.state.with(py, |st| match st.reader {
+            Reader::Buffered { .. } => (st.base.protocol.as_ref().map(|p| p.clone_ref(py)), false),
+            Reader::Plain => (None, false),
+            Reader::Tls(_) => (None, true),
         });
+        // (TLS: the socket's reads reach the application only through the
+        // handshake, whose end calls it as sslproto does.)
+        if !tls && self.first_read_waits(py) {
+            self.state.with(py, |st| st.read_waits = true);
+            // Read nothing now: libuv reports UV_ENOBUFS, and the fd, still
+            // readable, comes up again at the next poll.
+            return uv::buf(ptr::null(), 0);
+        }
         if let Some(protocol) = protocol {
             let view = {
                 let _context = self.protocol_context(py);
@@ -89,11 +98,17 @@ impl StreamCore {
     }
 
     fn on_read(&self, py: Python<'_>, nread: isize) {
-        let (view, get_buffer_error, tls) = self.state.with(py, |st| match &mut st.reader {
-            Reader::Buffered { view, error } => (view.take(), error.take(), false),
-            Reader::Plain => (None, None, false),
-            Reader::Tls(_) => (None, None, true),
+        let (view, get_buffer_error, tls, waits) = self.state.with(py, |st| {
+            let waits = std::mem::take(&mut st.read_waits);
+            match &mut st.reader {
+                Reader::Buffered { view, error } => (view.take(), error.take(), false, waits),
+                Reader::Plain => (None, None, false, waits),
+                Reader::Tls(_) => (None, None, true, waits),
+            }
         });
+        if waits {
+            return;
+        }
         if tls && nread > 0 {
             if let Err(err) = self.tls_received(py, nread as usize) {
                 self.fail_in_callback(py, err);
