@@ -80,6 +80,8 @@ Usage::
     tools/upstream.sh --suite uvloop --loop zuvrs,asyncio
     tools/upstream.sh --suite anyio --file test_taskgroups.py
     tools/upstream.sh --update-ratchet       # after a full run's worth of improvements
+    tools/upstream.sh --ci --native-streams  # the CI selection with zuvrs.streams installed, against
+                                             #   the ratchet of plain zuvrs
 """
 
 import argparse
@@ -219,8 +221,16 @@ def clean_env(extra=None):
         "PYTHONNOUSERSITE": "1",
         "PYTHONFAULTHANDLER": "1",
     }
+    if NATIVE_STREAMS:
+        # The harness plugin calls zuvrs.streams.install() (it acts on zuvrs loops only).
+        env["ZUVRS_UPSTREAM_NATIVE_STREAMS"] = "1"
     env.update(extra or {})
     return env
+
+
+# --native-streams: the zuvrs column runs with zuvrs.streams' native stream
+# classes (install() in the suites, the classes patched in CPython's).
+NATIVE_STREAMS = False
 
 
 def _reset_signals():
@@ -603,6 +613,8 @@ def suite_cpython(loops, files, args):
         out = os.path.join(logs, f"cpython-{loop}.json")
         cmd = [sys.executable, CPYTHON_RUNNER, "--loop", loop, "--json", out,
                "--log", os.path.join(logs, f"cpython-{loop}.log")]
+        if NATIVE_STREAMS and loop == "zuvrs":
+            cmd.append("--native-streams")
         cmd += [f.replace(".py", "") for f in files] if files else ["--group", "all"]
         if os.path.exists(out):
             os.unlink(out)
@@ -897,7 +909,15 @@ def main(argv=None):
     p.add_argument("--websockets-src", help="a websockets source tree (its sdists have no tests)")
     p.add_argument("--websockets-timeout-factor", type=float, default=5.0,
                    help="WEBSOCKETS_TESTS_TIMEOUT_FACTOR for its tests (default 5: this machine is slow)")
+    p.add_argument("--native-streams", action="store_true",
+                   help="the zuvrs column with native streams (zuvrs.streams.install(); CPython's suite with the "
+                        "classes patched in); with --check, compared with the ratchet of plain zuvrs")
     args = p.parse_args(argv)
+    if args.native_streams:
+        if args.update_ratchet:
+            p.error("--native-streams: the ratchet records zuvrs without them")
+        global NATIVE_STREAMS
+        NATIVE_STREAMS = True
 
     loops = [l for l in args.loop.split(",") if l]
     for l in loops:

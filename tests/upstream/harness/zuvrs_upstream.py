@@ -18,6 +18,8 @@ ZUVRS_UPSTREAM_DESELECT  regular expression; matching node ids are deselected
 ZUVRS_UPSTREAM_WATCHDOG  seconds per test before the process dumps every
                          thread's stack to ZUVRS_UPSTREAM_LOG and exits
 ZUVRS_UPSTREAM_LOG       file for the watchdog's stack dumps
+ZUVRS_UPSTREAM_NATIVE_STREAMS  1: zuvrs.streams.install() (asyncio's stream
+                         functions use native streams on zuvrs loops)
 """
 
 import asyncio
@@ -73,6 +75,11 @@ def _install_policy(name):
 
 
 _install_policy(_LOOP)
+
+if os.environ.get("ZUVRS_UPSTREAM_NATIVE_STREAMS") == "1" and _LOOP in ("zuvrs", "suite"):
+    import zuvrs.streams
+
+    zuvrs.streams.install()
 
 
 def _trim(text, limit=4000):
