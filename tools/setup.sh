@@ -8,8 +8,9 @@
 # pytest, pytest-codspeed, the loops we compare with, the applications the
 # tests serve (uvicorn, aiohttp) with their clients, the servers and test
 # plugins the integrations are tested with (gunicorn and its uvicorn worker,
-# hypercorn, pytest-asyncio, pytest-aiohttp, anyio's plugin), and ruff and
-# mypy for tools/lint.sh.
+# hypercorn, pytest-asyncio, pytest-aiohttp, anyio's plugin), prometheus_client
+# (whose text parser checks zuvrs.stats.prometheus), and ruff and mypy for
+# tools/lint.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,4 +32,4 @@ echo "== installing Python packages"
     "maturin>=1.5,<2" "pytest>=7" "pytest-codspeed>=3" uvloop rloop \
     uvicorn httptools httpx aiohttp websockets cryptography \
     gunicorn uvicorn-worker hypercorn pytest-asyncio pytest-aiohttp anyio \
-    ruff mypy typing-extensions
+    ruff mypy typing-extensions prometheus_client

@@ -89,10 +89,16 @@ impl StreamCore {
     }
 
     fn on_read(&self, py: Python<'_>, nread: isize) {
-        let (view, get_buffer_error, tls) = self.state.with(py, |st| match &mut st.reader {
-            Reader::Buffered { view, error } => (view.take(), error.take(), false),
-            Reader::Plain => (None, None, false),
-            Reader::Tls(_) => (None, None, true),
+        let io = &self.shared().stats.io;
+        let (view, get_buffer_error, tls) = self.state.with(py, |st| {
+            if nread != sys::uv_errno_t_UV_ENOBUFS as isize {
+                st.base.stats.read(io, nread.max(0) as usize);
+            }
+            match &mut st.reader {
+                Reader::Buffered { view, error } => (view.take(), error.take(), false),
+                Reader::Plain => (None, None, false),
+                Reader::Tls(_) => (None, None, true),
+            }
         });
         if tls && nread > 0 {
             if let Err(err) = self.tls_received(py, nread as usize) {
