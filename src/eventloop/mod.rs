@@ -376,7 +376,8 @@ impl LoopShared {
             if reset {
                 book.cancelled_total.set(0);
             }
-            (st.ready.len(), st.timers.len(), cancelled)
+            // (Cancelled timers wait in the heap until dropped: not counted.)
+            (st.ready.len(), st.timers.len().saturating_sub(book.cancelled_in_heap.get()), cancelled)
         });
         let waited = self.gil.waited_until(now);
         let (lag, turn_time, longest, slowest, ran) = self.stats.book.with(py, |b| {
