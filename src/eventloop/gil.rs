@@ -94,7 +94,7 @@ impl GilHandoff {
     pub(crate) unsafe fn release(&self) {
         if self.saved.get().is_null() {
             if self.timing.get() {
-                self.wait_began.set(stats::now());
+                self.wait_began.set(stats::now().max(1));
             }
             // SAFETY: the caller's contract: the loop thread, holding the GIL, no borrowed references.
             self.saved.set(unsafe { ffi::PyEval_SaveThread() });
@@ -113,7 +113,7 @@ impl GilHandoff {
             unsafe { ffi::PyEval_RestoreThread(saved) };
             let began = self.wait_began.replace(0);
             if began != 0 {
-                self.waited.set(self.waited.get() + stats::now().saturating_sub(began));
+                self.wait_ended(began);
             }
             // SAFETY: the GIL is held again.
             let py = unsafe { Python::assume_attached() };
@@ -122,6 +122,14 @@ impl GilHandoff {
                 self.signal_error.set(first.or(Some(err)));
             }
         }
+    }
+
+    /// A timed wait that began at `began` is over (kept out of `reacquire`,
+    /// which is inlined into every libuv callback).
+    #[cold]
+    #[inline(never)]
+    fn wait_ended(&self, began: u64) {
+        self.waited.set(self.waited.get() + stats::now().saturating_sub(began));
     }
 
     /// What a signal handler raised when the GIL was last taken back.

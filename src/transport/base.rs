@@ -67,7 +67,10 @@ struct PauseTime {
 
 impl PauseTime {
     /// A pause begins (timed only while the loop's stats are on) or ends
-    /// (its time also goes to the loop's total).
+    /// (its time also goes to the loop's total). Out of line: called on
+    /// flow control's changes only, from code that runs on every write.
+    #[cold]
+    #[inline(never)]
     fn set(&mut self, paused: bool, timing: bool, loop_total: &std::cell::Cell<u64>) {
         match (paused, self.since) {
             (true, None) if timing => self.since = Some(stats::now()),
@@ -306,6 +309,7 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
 
     /// Calls `protocol.pause_writing()` once `buffered` bytes are over the
     /// high-water mark (asyncio's `_maybe_pause_protocol`).
+    #[inline]
     fn pause_protocol_if_needed(&self, py: Python<'_>, buffered: usize) -> PyResult<()> {
         let loop_stats = &self.shared().stats;
         let protocol = self.with_base(py, |b| {
@@ -322,6 +326,7 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
 
     /// Calls `protocol.resume_writing()` once `buffered` bytes are down to
     /// the low-water mark (asyncio's `_maybe_resume_protocol`).
+    #[inline]
     fn resume_protocol_if_needed(&self, py: Python<'_>, buffered: usize) -> PyResult<()> {
         let loop_stats = &self.shared().stats;
         let protocol = self.with_base(py, |b| {
