@@ -31,9 +31,12 @@ the machine than about the build:
 * ``--instructions``: instructions instead of time, counted by valgrind's
   callgrind (repeatable whatever else the machine does): each configuration
   runs the workload at ``--size N`` and at 2N in fresh processes with
-  PYTHONHASHSEED=0, and the difference over N is the instructions per
-  operation (start-up and imports cancel out). Workloads whose work depends
-  on timing (timers firing, threads, bulk transfers) vary from run to run.
+  PYTHONHASHSEED=0 and the cyclic GC off (a collection falls at one size
+  and not the other depending on what was imported, a jump of hundreds of
+  thousands of instructions), and the difference over N is the
+  instructions per operation (start-up and imports cancel out). Workloads
+  whose work depends on timing (timers firing, threads, bulk transfers)
+  vary from run to run.
 """
 
 from __future__ import annotations
@@ -106,7 +109,8 @@ def instructions(python: str, workload: str, env: dict[str, str], size: int, tim
     counts = []
     for n in (size, 2 * size):
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-               python, os.path.join(HERE, "_sample.py"), "--loop", "zuvrs", "--workload", workload, "--size", str(n)]
+               python, os.path.join(HERE, "_sample.py"), "--loop", "zuvrs", "--workload", workload, "--size", str(n),
+               "--no-gc"]
         out = subprocess.run(cmd, env=dict(env, PYTHONHASHSEED="0"), capture_output=True, text=True,
                              timeout=timeout * 50)
         refs = [line for line in out.stderr.splitlines() if "I   refs:" in line]
