@@ -61,6 +61,7 @@ pub(crate) mod event_loop {
         _extract_source_traceback,
         _check_thread,
         _check_callback,
+        _describe_callback,
         // call_soon's keyword argument.
         context,
     );

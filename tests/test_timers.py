@@ -1,6 +1,7 @@
 """call_later / call_at / TimerHandle / asyncio.sleep."""
 
 import asyncio
+import gc
 import math
 import random
 import sys
@@ -36,7 +37,16 @@ def test_timers_fire_in_deadline_order_fifo_for_equal_delays(loop):
         if len(fired) == len(delays):
             loop.stop()
 
-    handles = [loop.call_later(d, record, i) for i, d in enumerate(delays)]
+    # The 1000 deadlines are taken one after the other: a full collection
+    # among them (tens of ms in a big test process) would put the later
+    # ones past the next delay's earlier ones.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        handles = [loop.call_later(d, record, i) for i, d in enumerate(delays)]
+    finally:
+        if was_enabled:
+            gc.enable()
     run_forever(loop)
     assert fired == sorted(range(len(delays)), key=lambda i: (delays[i], i))
     assert not any(h.cancelled() for h in handles)

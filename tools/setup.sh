@@ -10,8 +10,9 @@
 # tests serve (uvicorn, aiohttp) with their clients, the servers and test
 # plugins the integrations are tested with (gunicorn and its uvicorn worker,
 # hypercorn, pytest-asyncio, pytest-aiohttp, anyio's plugin), redis-py and
-# hiredis (the redis benchmarks' client and its parser), and ruff and
-# mypy for tools/lint.sh.
+# hiredis (the redis benchmarks' client and its parser), prometheus_client
+# (whose text parser checks zuvrs.stats.prometheus), and ruff and mypy for
+# tools/lint.sh.
 #
 # ZUVRS_SETUP_RSLOOP=1 also installs rsloop 0.1.66, one of the loops the
 # benchmarks compare with: it has no wheel for this Python, and its sdist
@@ -40,7 +41,7 @@ echo "== installing Python packages"
     "maturin>=1.5,<2" "pytest>=7" "pytest-codspeed>=3" uvloop rloop \
     uvicorn httptools httpx aiohttp websockets cryptography \
     gunicorn uvicorn-worker hypercorn pytest-asyncio pytest-aiohttp anyio \
-    redis hiredis ruff mypy typing-extensions
+    redis hiredis ruff mypy typing-extensions prometheus_client
 
 if [ "${ZUVRS_SETUP_RSLOOP:-0}" = 1 ] && ! .venv/bin/python -c "import rsloop" 2>/dev/null; then
     echo "== building rsloop 0.1.66 (nightly toolchain, about 5 minutes)"

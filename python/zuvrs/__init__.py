@@ -27,13 +27,24 @@ __all__ = (
     "install",
     "run",
     "libuv_version",
+    "stats",
     "__version__",
 )
 
 
-def new_event_loop():
-    """Return a new zuvrs event loop."""
-    return Loop()
+def __getattr__(name):
+    # zuvrs.stats is imported when first used (it costs start-up time).
+    if name == "stats":
+        import importlib
+
+        return importlib.import_module(".stats", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def new_event_loop(*, stats=None):
+    """Return a new zuvrs event loop; `stats`: whether it times its turns
+    for ``loop.stats()`` (None: zuvrs.stats.enabled(); docs/metrics.md)."""
+    return Loop(stats=stats)
 
 
 def _base_policy():

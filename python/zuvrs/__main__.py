@@ -5,6 +5,8 @@
     python -m zuvrs -c code [args]      like `python -c code [args]`
     python -m zuvrs --version           zuvrs's version
     python -m zuvrs --info              versions and build details for a bug report
+    python -m zuvrs --stats 10 app.py   like `python app.py`, with a line of loop
+                                        metrics on stderr every 10 s (docs/metrics.md)
 
 The program runs with ``zuvrs.install()`` done, so ``asyncio.run()``,
 ``asyncio.new_event_loop()`` and everything built on them (uvicorn's
@@ -17,7 +19,8 @@ import os
 import sys
 
 USAGE = """\
-usage: python -m zuvrs [--version | --info] [-m module | -c code | script] [args ...]
+usage: python -m zuvrs [--version | --info]
+       python -m zuvrs [--stats INTERVAL] [-m module | -c code | script] [args ...]
 
 Runs a Python program with zuvrs installed as asyncio's event loop
 (zuvrs.install()), with sys.argv as Python would set it.
@@ -25,6 +28,12 @@ Runs a Python program with zuvrs installed as asyncio's event loop
   script       run a Python file (or a directory or zip file with __main__.py)
   -m module    run a library module as a script, like python -m
   -c code      run a program passed as a string, like python -c
+  --stats INTERVAL
+               time the loops' turns (zuvrs.stats.enable()) and print a line
+               of each open loop's figures to stderr every INTERVAL seconds:
+               busy share, turns, callbacks and I/O events per second, lag
+               p50 / p99 / max, bytes per second read and written, queued
+               callbacks and timers, and the slowest callback of the interval
   --version    print zuvrs's version and exit
   --info       print zuvrs, libuv, OpenSSL and Python versions, the build
                and the platform (for bug reports) and exit
@@ -87,6 +96,23 @@ def main(argv=None):
         for label, value in rows:
             print(f"{label + ':':<{width + 1}} {value}")
         return 0
+    if first == "--stats" or first.startswith("--stats="):
+        if first == "--stats":
+            if len(args) < 2:
+                return _fail("argument expected for the --stats option")
+            value, args = args[1], args[2:]
+        else:
+            value, args = first.split("=", 1)[1], args[1:]
+        try:
+            interval = float(value)
+        except ValueError:
+            interval = float("nan")
+        if not interval > 0 or interval == float("inf"):
+            return _fail(f"--stats takes a number of seconds above zero, not {value!r}")
+        if not args:
+            return _fail("a program to run is needed after --stats INTERVAL")
+        _start_stats_reporter(interval)
+        first = args[0]
     if first == "--":
         args = args[1:]
         if not args:
@@ -112,6 +138,43 @@ def _install():
     import zuvrs
 
     zuvrs.install()
+
+
+def _start_stats_reporter(interval, stream=None):
+    """--stats: loops made from now on time their turns, and a daemon
+    thread writes a summary line of each open loop every `interval` seconds
+    (figures since its previous line; the first covers the loop's life)."""
+    import threading
+    import time
+    import weakref
+
+    from zuvrs import stats
+
+    stats.enable()
+    out = stream if stream is not None else sys.stderr
+    previous = weakref.WeakKeyDictionary()
+
+    def report():
+        while True:
+            time.sleep(interval)
+            try:
+                live = stats.loops()
+            except RuntimeError:  # loops made meanwhile by another thread
+                continue
+            for loop in live:
+                try:
+                    now = loop.stats()
+                except Exception:  # closed meanwhile
+                    continue
+                line = stats.summary(now, previous.get(loop), stats._number(loop))
+                previous[loop] = now
+                try:
+                    out.write(line + "\n")
+                    out.flush()
+                except (OSError, ValueError):  # stderr closed
+                    return
+
+    threading.Thread(target=report, name="zuvrs-stats", daemon=True).start()
 
 
 def _run_script(path, args):

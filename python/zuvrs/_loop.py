@@ -11,6 +11,7 @@ close, add_reader/add_writer argument handling and signals.
 
 import asyncio
 import errno
+import itertools
 import os
 import signal
 import socket
@@ -79,11 +80,36 @@ def _is_loop_wakeup_fd(fd):
     return any(sock.fileno() == fd for sock in _LOOP_WAKEUP_SOCKETS)
 
 
-class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop):
-    """A libuv event loop implementing asyncio.AbstractEventLoop."""
+# The task classes whose steps the slowest-callbacks list names by the task
+# (as asyncio's debug mode does): the C Task and the pure-Python one.
+_TASK_TYPES = tuple({asyncio.Task, getattr(asyncio.tasks, "_PyTask", asyncio.Task)})
 
-    def __init__(self):
+
+def _stats_from_environment():
+    value = os.environ.get("ZUVRS_STATS", "").strip().lower()
+    return value not in ("", "0", "no", "off", "false")
+
+
+# Whether new loops time their turns by default (zuvrs.stats.enable() sets
+# it), and the live loops with their numbers, for zuvrs.stats. They are
+# here, not in zuvrs.stats, so that importing zuvrs does not import that
+# module (its dataclasses cost milliseconds of start-up).
+_stats_default = _stats_from_environment()
+_live_loops: "weakref.WeakKeyDictionary[Loop, int]" = weakref.WeakKeyDictionary()
+_loop_numbers = itertools.count(1)
+
+
+class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop):
+    """A libuv event loop implementing asyncio.AbstractEventLoop.
+
+    `stats`: whether the loop times its turns for ``stats()`` (None: the
+    default of zuvrs.stats.enable(), see docs/metrics.md).
+    """
+
+    def __init__(self, *, stats=None):
         asyncio.BaseEventLoop.__init__(self)
+        self._stats_on = _stats_default if stats is None else bool(stats)
+        _live_loops[self] = next(_loop_numbers)
         self._signal_handlers = {}
         # Socket pair whose write end is the signal wakeup fd; created lazily.
         self._wakeup_r = self._wakeup_w = None
@@ -184,6 +210,32 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
             if sock is not None:
                 sock.close()
         self._wakeup_r = self._wakeup_w = None
+
+    # -- metrics -------------------------------------------------------------
+
+    def stats(self, reset=False):
+        """A snapshot of the loop's figures (a zuvrs.stats.LoopStats); with
+        `reset`, they start again from zero afterwards."""
+        from .stats import LoopStats
+
+        return LoopStats._from_native(self._stats(reset), self.time())
+
+    def _describe_callback(self, handle, callback):
+        # A callback of the slowest list, named as debug mode names it: its
+        # handle, or for a task step the task, with the task's coroutine
+        # and where that is suspended now.
+        try:
+            owner = getattr(callback, "__self__", None)
+            if not isinstance(owner, _TASK_TYPES):
+                return str(handle), None, None
+            coro = owner.get_coro()
+            qualname = getattr(coro, "__qualname__", None) or type(coro).__qualname__
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+            where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else None
+            return repr(owner), qualname, where
+        except Exception:
+            name = getattr(callback, "__qualname__", None) or type(callback).__qualname__
+            return f"<{type(handle).__name__} {name}()>", None, None
 
     # -- hooks called by the native core ------------------------------------
 

@@ -121,6 +121,7 @@ unsafe fn soon(
         ffi::Py_INCREF(ptr);
         shared.push_ready(py, Ready::Soon(h.unbind()));
         if threadsafe {
+            super::stats::LoopStats::add(&shared.stats.threadsafe_calls, 1);
             shared.wake(py);
         }
         Ok(ptr)

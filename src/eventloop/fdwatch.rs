@@ -17,6 +17,7 @@ use std::collections::HashMap;
 
 use pyo3::prelude::*;
 
+use super::stats::LoopStats;
 use super::LoopShared;
 use crate::errors::last_errno;
 use crate::handles::{Handle, Ready};
@@ -186,8 +187,9 @@ impl FdWatchers {
         self.polling = true;
     }
 
-    /// Queues the handlers of every ready descriptor.
-    fn dispatch(&mut self, py: Python<'_>, ready: &mut std::collections::VecDeque<Ready>) {
+    /// Queues the handlers of every ready descriptor; returns how many
+    /// descriptors were ready.
+    fn dispatch(&mut self, py: Python<'_>, ready: &mut std::collections::VecDeque<Ready>) -> u64 {
         const MAX_EVENTS: usize = 256;
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; MAX_EVENTS];
         // SAFETY: epfd is ours; the buffer holds MAX_EVENTS entries.
@@ -209,6 +211,7 @@ impl FdWatchers {
                 }
             }
         }
+        n.max(0) as u64
     }
 
     /// Closes libuv's watch and the epoll set (loop close; in a forked
@@ -228,9 +231,11 @@ unsafe extern "C" fn on_ready(handle: *mut sys::uv_poll_t, _status: i32, _events
     let shared = unsafe { &*((*handle).data as *const LoopShared) };
     // SAFETY: on the loop thread, inside uv_run.
     let py = unsafe { shared.enter_io() };
-    shared.state.with(py, |st| {
-        if let Some(fds) = st.uv.as_mut().and_then(|p| p.fds.as_mut()) {
-            fds.dispatch(py, &mut st.ready);
-        }
+    let events = shared.state.with(py, |st| match st.uv.as_mut().and_then(|p| p.fds.as_mut()) {
+        Some(fds) => fds.dispatch(py, &mut st.ready),
+        None => 0,
     });
+    // Each ready descriptor is an I/O event; enter_io counted one already
+    // (taken back, wrapping, when none was ready).
+    LoopStats::add(&shared.stats.io_events, events.wrapping_sub(1));
 }

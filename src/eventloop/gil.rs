@@ -7,6 +7,9 @@
 //! libuv callbacks that touch Python objects call [`GilHandoff::reacquire`]
 //! first.
 //!
+//! While the loop's stats are on, the time between the release and the
+//! taking back is the time the loop waited in the poll (stats.rs).
+//!
 //! A signal that ended the wait has its Python handler run right where the
 //! GIL comes back, outside any callback: what the handler raises (Ctrl-C's
 //! KeyboardInterrupt, or any exception) leaves `run_forever`, as it leaves
@@ -17,6 +20,8 @@ use std::ptr;
 
 use pyo3::{ffi, PyErr, Python};
 
+use super::stats;
+
 pub(crate) struct GilHandoff {
     /// The loop thread's state while it does not hold the GIL; null otherwise.
     saved: Cell<*mut ffi::PyThreadState>,
@@ -24,6 +29,11 @@ pub(crate) struct GilHandoff {
     release_before_poll: Cell<bool>,
     /// What a Python signal handler raised when the GIL came back.
     signal_error: Cell<Option<PyErr>>,
+    /// Time the waits (the loop's stats are on); when the current one began
+    /// and the total so far, in ticks of the stats clock.
+    timing: Cell<bool>,
+    wait_began: Cell<u64>,
+    waited: Cell<u64>,
 }
 
 impl GilHandoff {
@@ -32,7 +42,31 @@ impl GilHandoff {
             saved: Cell::new(ptr::null_mut()),
             release_before_poll: Cell::new(true),
             signal_error: Cell::new(None),
+            timing: Cell::new(false),
+            wait_began: Cell::new(0),
+            waited: Cell::new(0),
         }
+    }
+
+    pub(crate) fn set_timing(&self, on: bool) {
+        self.timing.set(on);
+    }
+
+    /// The time spent waiting in the poll so far (ticks), not counting a
+    /// wait in progress.
+    pub(crate) fn waited(&self) -> u64 {
+        self.waited.get()
+    }
+
+    /// The same with a wait in progress (a snapshot taken by another thread
+    /// while the loop polls) counted up to `now`.
+    pub(crate) fn waited_until(&self, now: u64) -> u64 {
+        let began = self.wait_began.get();
+        self.waited.get() + if began != 0 { now.saturating_sub(began) } else { 0 }
+    }
+
+    pub(crate) fn reset_waited(&self) {
+        self.waited.set(0);
     }
 
     pub(crate) fn set_release_before_poll(&self, release: bool) {
@@ -59,6 +93,9 @@ impl GilHandoff {
     #[inline]
     pub(crate) unsafe fn release(&self) {
         if self.saved.get().is_null() {
+            if self.timing.get() {
+                self.wait_began.set(stats::now().max(1));
+            }
             // SAFETY: the caller's contract: the loop thread, holding the GIL, no borrowed references.
             self.saved.set(unsafe { ffi::PyEval_SaveThread() });
         }
@@ -74,6 +111,10 @@ impl GilHandoff {
         if !saved.is_null() {
             // SAFETY: `saved` is this thread's state, saved by release().
             unsafe { ffi::PyEval_RestoreThread(saved) };
+            let began = self.wait_began.replace(0);
+            if began != 0 {
+                self.wait_ended(began);
+            }
             // SAFETY: the GIL is held again.
             let py = unsafe { Python::assume_attached() };
             if let Err(err) = py.check_signals() {
@@ -81,6 +122,14 @@ impl GilHandoff {
                 self.signal_error.set(first.or(Some(err)));
             }
         }
+    }
+
+    /// A timed wait that began at `began` is over (kept out of `reacquire`,
+    /// which is inlined into every libuv callback).
+    #[cold]
+    #[inline(never)]
+    fn wait_ended(&self, began: u64) {
+        self.waited.set(self.waited.get() + stats::now().saturating_sub(began));
     }
 
     /// What a signal handler raised when the GIL was last taken back.

@@ -14,6 +14,8 @@
 //! - gil.rs: handing the GIL to other threads around the poll
 //! - clients.rs: the trait through which native objects living on the loop
 //!   (transports, name lookups) are flushed before the poll and closed with it
+//! - stats.rs: the loop's metrics (counters, lag, busy time, slowest
+//!   callbacks) and the clock they are timed with
 //!
 //! The state other code reaches is `LoopShared`: boxed, so that libuv's
 //! handles can point at it, and held by the `LoopCore` for the loop's life.
@@ -23,6 +25,7 @@ mod clients;
 mod fastcall;
 mod fdwatch;
 mod gil;
+pub(crate) mod stats;
 mod tasks;
 mod timers;
 mod turn;
@@ -31,7 +34,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::cell::NativeCell;
@@ -45,6 +48,7 @@ pub(crate) use clients::{ClientPtr, LoopClient};
 pub(crate) use fastcall::install_fast_methods;
 use fdwatch::{FdWatchers, Side};
 use gil::GilHandoff;
+use stats::{LoopStats, TurnMarks};
 use timers::TimerHeap;
 
 /// Seconds on the monotonic clock, the clock of `time.monotonic()` and of
@@ -143,10 +147,14 @@ pub(crate) struct LoopShared {
     /// The next turn polls even if it would skip an idle poll.
     poll_wanted: Cell<bool>,
     state: NativeCell<LoopState>,
+    /// The loop's metrics (`loop.stats()`).
+    pub(crate) stats: LoopStats,
 }
 
-// SAFETY: `gil`, `io_seen`, `turns` and `poll_wanted` are only touched on the loop's
-// thread (inside uv_run and around it); the state is in a NativeCell.
+// SAFETY: `gil`, `io_seen`, `turns` and `poll_wanted` are only touched on the
+// loop's thread (inside uv_run and around it); the state is in a NativeCell;
+// the stats' counters are touched with the GIL held, but for `wakeups`, an
+// atomic.
 unsafe impl Sync for LoopShared {}
 // SAFETY: as above.
 unsafe impl Send for LoopShared {}
@@ -163,6 +171,7 @@ impl LoopShared {
         // SAFETY: per the contract.
         unsafe { self.gil.reacquire() };
         self.io_seen.set(true);
+        LoopStats::add(&self.stats.io_events, 1);
         // SAFETY: the GIL is held now.
         unsafe { Python::assume_attached() }
     }
@@ -343,6 +352,121 @@ impl LoopShared {
         }
     }
 
+    /// A run (run_forever, or one `_run_once`) begins: with timing on, the
+    /// clock is calibrated again and the turn marks start from now.
+    pub(crate) fn stats_run_began(&self, py: Python<'_>) {
+        if !self.stats.timing() {
+            return;
+        }
+        stats::calibrate();
+        let now = stats::now();
+        let queued = self.state.with(py, |st| st.ready.len());
+        let waited = self.gil.waited();
+        self.stats.book.with(py, |b| {
+            b.recalibrated();
+            b.running_since = Some(now);
+            b.marks = TurnMarks { end: now, queued, waited };
+        })
+    }
+
+    /// A run ends (or timing is switched off during one).
+    pub(crate) fn stats_run_ended(&self, py: Python<'_>) {
+        let now = stats::now();
+        self.stats.book.with(py, |b| {
+            if let Some(since) = b.running_since.take() {
+                b.run_ticks += now.saturating_sub(since);
+            }
+        })
+    }
+
+    /// Switches timing on or off (a running loop's figures go on from now).
+    fn set_stats(&self, py: Python<'_>, on: bool) {
+        if self.stats.timing() == on {
+            return;
+        }
+        self.stats.set_timing(on);
+        self.gil.set_timing(on);
+        if !on {
+            self.stats_run_ended(py);
+        } else if self.is_running(py) {
+            self.stats_run_began(py);
+        }
+    }
+
+    /// `loop.stats()`'s figures as a dict of plain values (stats.py makes
+    /// the dataclasses); `reset` zeroes them afterwards.
+    fn stats_snapshot<'py>(&self, py: Python<'py>, reset: bool) -> PyResult<Bound<'py, PyDict>> {
+        stats::calibrate();
+        let now = stats::now();
+        let (ready, timers, cancelled) = self.state.with(py, |st| {
+            let book = st.timers.book();
+            let cancelled = book.cancelled_total.get();
+            if reset {
+                book.cancelled_total.set(0);
+            }
+            // (Cancelled timers wait in the heap until dropped: not counted.)
+            (st.ready.len(), st.timers.len().saturating_sub(book.cancelled_in_heap.get()), cancelled)
+        });
+        let waited = self.gil.waited_until(now);
+        let (lag, turn_time, longest, slowest, ran) = self.stats.book.with(py, |b| {
+            b.recalibrated();
+            let ran = b.run_ticks + b.running_since.map_or(0, |since| now.saturating_sub(since));
+            let taken =
+                (b.lag.clone(), b.turn_time.clone(), b.longest_turns.snapshot(now), b.slowest.snapshot(now), ran);
+            if reset {
+                LoopStats::reset_book(b, now);
+                b.marks.waited = 0;
+            }
+            taken
+        });
+        let s = &self.stats;
+        let d = PyDict::new(py);
+        d.set_item("enabled", s.timing())?;
+        d.set_item("clock", stats::clock_name())?;
+        d.set_item("turns", s.turns.get())?;
+        d.set_item("callbacks", s.callbacks.get())?;
+        d.set_item("timers_fired", s.timers_fired.get())?;
+        d.set_item("timers_cancelled", cancelled)?;
+        d.set_item("io_events", s.io_events.get())?;
+        d.set_item("threadsafe_calls", s.threadsafe_calls.get())?;
+        d.set_item("wakeups", s.wakeups.load(std::sync::atomic::Ordering::Relaxed))?;
+        d.set_item("run_seconds", stats::ticks_to_seconds(ran))?;
+        d.set_item("poll_seconds", stats::ticks_to_seconds(waited.min(ran)))?;
+        d.set_item("ready", ready)?;
+        d.set_item("timers", timers)?;
+        for (key, h) in [("lag", &lag), ("turn_time", &turn_time)] {
+            d.set_item(key, (h.counts.to_vec(), h.sum_ns as f64 * 1e-9, h.max_ns as f64 * 1e-9))?;
+        }
+        let longest: Vec<(f64, f64, u64)> = longest
+            .into_iter()
+            .map(|(took, t)| (stats::ticks_to_seconds(took), stats::ticks_to_monotonic(t.ended), t.callbacks))
+            .collect();
+        d.set_item("longest_turns", longest)?;
+        type Slow = (f64, f64, String, Option<String>, Option<String>, Option<String>);
+        let slowest: Vec<Slow> = slowest
+            .into_iter()
+            .map(|(took, c)| {
+                let at = stats::ticks_to_monotonic(c.started);
+                (stats::ticks_to_seconds(took), at, c.name, c.coroutine, c.location, c.protocol)
+            })
+            .collect();
+        d.set_item("slowest", slowest)?;
+        let io = &s.io;
+        let t = PyDict::new(py);
+        t.set_item("bytes_read", io.bytes_read.get())?;
+        t.set_item("bytes_written", io.bytes_written.get())?;
+        t.set_item("reads", io.reads.get())?;
+        t.set_item("writes", io.writes.get())?;
+        t.set_item("reading_paused_seconds", stats::ticks_to_seconds(io.read_paused.get()))?;
+        t.set_item("writing_paused_seconds", stats::ticks_to_seconds(io.write_paused.get()))?;
+        d.set_item("transports", t)?;
+        if reset {
+            s.reset_counters();
+            self.gil.reset_waited();
+        }
+        Ok(d)
+    }
+
     /// Removes the reader or writer of `fd`; True if there was one.
     pub(crate) fn clear_fd_handler(&self, py: Python<'_>, fd: i32, write: bool) -> bool {
         let side = if write { Side::Write } else { Side::Read };
@@ -372,7 +496,14 @@ unsafe extern "C" fn on_prepare(handle: *mut sys::uv_prepare_t) {
     }
 }
 
-unsafe extern "C" fn on_wake(_handle: *mut sys::uv_async_t) {}
+unsafe extern "C" fn on_wake(handle: *mut sys::uv_async_t) {
+    // SAFETY: data is the loop, alive while its handles are; the counter is
+    // an atomic (the GIL may be released here).
+    unsafe {
+        let shared = &*((*handle).data as *const LoopShared);
+        shared.stats.wakeups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
 
 unsafe extern "C" fn on_timer(_handle: *mut sys::uv_timer_t) {}
 
@@ -387,10 +518,12 @@ impl LoopCore {
     /// snapshot (loop close or GC clear). Python code may run from here
     /// (__del__ of released objects), so the state is updated first.
     fn release_callbacks(&self, py: Python<'_>) {
-        let (ready, timers, snapshot, kwargs) = self.shared.state.with(py, |st| {
+        // Timers dropped with the loop were not cancelled by anybody.
+        let (ready, timers, snapshot, cancelled, kwargs) = self.shared.state.with(py, |st| {
             let ready: Vec<Ready> = st.ready.drain(..).collect();
             st.ready.shrink_to_fit();
-            (ready, st.timers.drain(), st.ctx_cache.take(), st.future_kwargs.take())
+            let cancelled = st.timers.book().cancelled_total.get();
+            (ready, st.timers.drain(), st.ctx_cache.take(), cancelled, st.future_kwargs.take())
         });
         drop(kwargs);
         for r in ready {
@@ -401,6 +534,7 @@ impl LoopCore {
             t.get().cancel_now(py);
             let_go(t);
         }
+        self.shared.state.with(py, |st| st.timers.book().cancelled_total.set(cancelled));
         if !snapshot.is_null() {
             // SAFETY: the cache owned this reference.
             unsafe { pyo3::ffi::Py_DECREF(snapshot) };
@@ -501,6 +635,7 @@ impl LoopCore {
                 clients: Clients::default(),
                 future_kwargs: None,
             }),
+            stats: LoopStats::new(),
         });
         let sp: *const LoopShared = &*shared;
         // SAFETY: each handle is initialised on the fresh loop; their data
@@ -513,6 +648,7 @@ impl LoopCore {
                 uv.close();
                 return Err(uv_error(rc));
             }
+            wake.set_data(sp);
             let prepare = UvHandle::<sys::uv_prepare_t>::zeroed();
             sys::uv_prepare_init(uv.raw(), prepare.raw());
             sys::uv_unref(prepare.as_handle());
@@ -700,6 +836,23 @@ impl LoopCore {
             let (r, w) = fds.get(fd);
             (r.map(|h| h.clone_ref(py)), w.map(|h| h.clone_ref(py)))
         })
+    }
+
+    /// `loop.stats()`'s figures (python/zuvrs/stats.py makes its snapshot).
+    #[pyo3(signature = (reset=false))]
+    fn _stats<'py>(&self, py: Python<'py>, reset: bool) -> PyResult<Bound<'py, PyDict>> {
+        self.shared.stats_snapshot(py, reset)
+    }
+
+    /// Whether the loop times its turns (`zuvrs.new_event_loop(stats=...)`).
+    #[getter(_stats_on)]
+    fn get_stats_on(&self) -> bool {
+        self.shared.stats.timing()
+    }
+
+    #[setter(_stats_on)]
+    fn set_stats_on(&self, py: Python<'_>, on: bool) {
+        self.shared.set_stats(py, on)
     }
 
     /// Counts of (ready callbacks, scheduled timers), for tests.

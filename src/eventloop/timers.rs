@@ -147,7 +147,10 @@ impl<T: Timer> TimerHeap<T> {
         TimerHeap {
             heap: Heap(Vec::new()),
             next_seq: 0,
-            book: Rc::new(TimerBook { cancelled_in_heap: std::cell::Cell::new(0) }),
+            book: Rc::new(TimerBook {
+                cancelled_in_heap: std::cell::Cell::new(0),
+                cancelled_total: std::cell::Cell::new(0),
+            }),
         }
     }
 

@@ -14,12 +14,17 @@
 //! anything, so it is skipped unless `BUSY_POLL_INTERVAL` has passed; while
 //! I/O keeps flowing, a loop about to block first looks ahead with a
 //! non-blocking poll (see `PollPacing`).
+//!
+//! Every turn counts its callbacks (stats.rs); with the loop's stats on, a
+//! turn also reads the stats clock once per callback, for the lag, the
+//! turn's length and the slowest callbacks (`run_ready::<true>`).
 
 use pyo3::prelude::*;
 
+use super::stats::{self, LoopStats, SlowCallback, TurnMarks, TurnRecord};
 use super::{monotonic, report_callback_error, LoopCore, LoopShared};
 use crate::errors::{closed_error, is_fatal_base};
-use crate::handles::{let_go, run_in_context, Ready};
+use crate::handles::{let_go, run_in_context, Callback, Ready};
 use crate::python;
 use crate::uv::sys;
 
@@ -80,6 +85,7 @@ pub(super) fn run_forever(slf: &Bound<'_, LoopCore>) -> PyResult<()> {
         unsafe { sys::uv_prepare_start(parts.prepare.raw(), Some(super::on_prepare)) };
         Ok(())
     })?;
+    shared.stats_run_began(py);
     let mut pacing = PollPacing::default();
     let result = loop {
         if let Err(e) = run_turn(py, slf.as_any(), shared, &mut pacing) {
@@ -97,6 +103,7 @@ pub(super) fn run_forever(slf: &Bound<'_, LoopCore>) -> PyResult<()> {
     });
     // What the last turn wrote goes out before run_forever returns.
     let flushed = shared.run_before_poll(py);
+    shared.stats_run_ended(py);
     result.and(flushed)
 }
 
@@ -104,8 +111,11 @@ pub(super) fn run_forever(slf: &Bound<'_, LoopCore>) -> PyResult<()> {
 pub(super) fn run_once(slf: &Bound<'_, LoopCore>) -> PyResult<()> {
     let py = slf.py();
     let shared = slf.get().shared();
-    run_turn(py, slf.as_any(), shared, &mut PollPacing::default())?;
-    shared.run_before_poll(py)
+    shared.stats_run_began(py);
+    let result =
+        run_turn(py, slf.as_any(), shared, &mut PollPacing::default()).and_then(|()| shared.run_before_poll(py));
+    shared.stats_run_ended(py);
+    result
 }
 
 /// Arms the uv timer for the earliest live deadline before a blocking poll.
@@ -166,25 +176,32 @@ fn timer_delay_ms(due_ms: f64, now_ms: u64) -> u64 {
 }
 
 /// Moves due timers to the ready queue; `now` is the time just read, if any.
+#[inline(always)]
 fn collect_due_timers(py: Python<'_>, shared: &LoopShared, now: f64) {
-    let released = shared.state.with(py, |st| {
-        let mut released = Vec::new();
-        if st.timers.len() == 0 {
-            return released;
-        }
-        st.timers.prune(py);
-        while let Some(h) = st.timers.pop_due(py, now) {
-            if h.get().is_cancelled(py) {
-                released.push(h);
-            } else {
-                st.ready.push_back(Ready::Timer(h));
-            }
-        }
-        released
-    });
+    let released = shared.state.with(py, |st| queue_due_timers(py, st, now));
     for h in released {
         let_go(h);
     }
+}
+
+/// collect_due_timers's work on the state: the cancelled timers it popped
+/// are returned, to let go of outside the borrow. (A function of its own,
+/// always inlined: as a closure the turn's code outgrew inlining it.)
+#[inline(always)]
+fn queue_due_timers(py: Python<'_>, st: &mut super::LoopState, now: f64) -> Vec<Py<crate::handles::TimerHandle>> {
+    let mut released = Vec::new();
+    if st.timers.len() == 0 {
+        return released;
+    }
+    st.timers.prune(py);
+    while let Some(h) = st.timers.pop_due(py, now) {
+        if h.get().is_cancelled(py) {
+            released.push(h);
+        } else {
+            st.ready.push_back(Ready::Timer(h));
+        }
+    }
+    released
 }
 
 /// One `uv_run`. No state borrow is held across it: callbacks re-derive the
@@ -215,6 +232,7 @@ fn uv_run(py: Python<'_>, shared: &LoopShared, raw: *mut sys::uv_loop_t, mode: s
 /// to the ready queue, run the callbacks queued when the turn began.
 fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing: &mut PollPacing) -> PyResult<()> {
     shared.turns.set(shared.turns.get() + 1);
+    LoopStats::add(&shared.stats.turns, 1);
     shared.run_before_poll(py)?;
     let (raw, busy, stopping) = shared.state.with(py, |st| {
         let raw = st.uv.as_ref().map(|p| p.uv.raw());
@@ -257,20 +275,42 @@ fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing:
             return Err(err);
         }
     }
-    let now = match super::python_clock_now(py, slf, shared)? {
+    let python_now = super::python_clock_now(py, slf, shared)?;
+    let now = match python_now {
         Some(now) => now,
         None if shared.state.with(py, |st| st.timers.len() == 0) => 0.0,
         None => polled_at.unwrap_or_else(monotonic),
     };
     collect_due_timers(py, shared, now);
-    run_ready(slf, shared)
+    if shared.stats.timing() {
+        // The loop time the due timers were collected at (with a Python
+        // clock, timer lag would mix two clocks: not measured).
+        run_ready::<true>(slf, shared, python_now.is_none().then_some(now))
+    } else {
+        run_ready::<false>(slf, shared, None)
+    }
 }
 
-/// Runs the callbacks queued when the turn began.
-fn run_ready(slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<()> {
+/// Runs the callbacks queued when the turn began. `TIMED`: the loop's stats
+/// are on (one read of the stats clock per callback, see stats.rs);
+/// `timers_at` is the loop time due timers were collected at.
+fn run_ready<const TIMED: bool>(slf: &Bound<'_, PyAny>, shared: &LoopShared, timers_at: Option<f64>) -> PyResult<()> {
     let py = slf.py();
     let n = shared.state.with(py, |st| st.ready.len());
-    for _ in 0..n {
+    // When the callbacks began, what the last turn left, and what a callback
+    // must take to enter the slowest list.
+    let (began, marks, mut bar) = if TIMED {
+        let began = stats::now();
+        shared.stats.book.with(py, |b| (began, b.marks, b.slow_bar(began)))
+    } else {
+        (0, TurnMarks::default(), u64::MAX)
+    };
+    // When the next callback begins; the largest lag of a ready callback
+    // (None: no ready callback ran).
+    let mut last = began;
+    let mut worst_lag: Option<u64> = None;
+    let mut ran = 0u64;
+    for i in 0..n {
         // close() from a callback empties the queue; stop there.
         let Some((item, debug)) = shared.state.with(py, |st| st.ready.pop_front().map(|i| (i, st.debug))) else {
             break;
@@ -297,12 +337,40 @@ fn run_ready(slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<()> {
         if shared_ctx {
             shared.state.with(py, |st| st.ctx_cache.set_running(std::ptr::null_mut()));
         }
+        ran += 1;
+        LoopStats::add(&shared.stats.callbacks, 1);
         if !ok {
             let err = PyErr::fetch(py);
             if is_fatal_base(py, &err) {
                 return Err(err);
             }
             report_callback_error(slf, &item, &cb, err)?;
+        }
+        if let Ready::Timer(h) = &item {
+            LoopStats::add(&shared.stats.timers_fired, 1);
+            if TIMED {
+                if let Some(at) = timers_at {
+                    let lag = ((at - h.get().deadline()).max(0.0) * 1e9) as u64 + stats::ticks_to_ns(last - began);
+                    shared.stats.book.with(py, |b| b.lag.record(lag));
+                }
+            }
+        } else if TIMED {
+            // Scheduled by the last turn's callbacks: due when they ended;
+            // queued since (I/O, other threads): due when this turn began.
+            let due = if i < marks.queued { marks.end } else { began };
+            let lag = last.saturating_sub(due);
+            worst_lag = Some(worst_lag.map_or(lag, |w| w.max(lag)));
+        }
+        if TIMED {
+            let end = stats::now();
+            let took = end.saturating_sub(last);
+            last = end;
+            if took > bar {
+                note_slow_callback(slf, shared, &item, &cb, end - took, took)?;
+                bar = shared.stats.book.with(py, |b| b.slow_bar(end));
+                // (Describing it is not the next callback's time.)
+                last = stats::now();
+            }
         }
         if let Some(t0) = started {
             let dt = monotonic() - t0;
@@ -320,12 +388,73 @@ fn run_ready(slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<()> {
         item.let_go();
     }
     // After a burst, the queue's memory goes back once it is mostly empty.
-    shared.state.with(py, |st| {
+    let queued = shared.state.with(py, |st| {
         let cap = st.ready.capacity();
         if cap > READY_KEEP && st.ready.len() < cap / 8 {
             st.ready.shrink_to(READY_KEEP.max(st.ready.len() * 2));
         }
+        st.ready.len()
     });
+    if TIMED {
+        end_timed_turn(py, shared, last, worst_lag, ran, queued);
+    }
+    Ok(())
+}
+
+/// The figures of a timed turn that ended at `end`: its lag sample, its
+/// length (poll waits left out), and the marks the next turn measures from.
+fn end_timed_turn(py: Python<'_>, shared: &LoopShared, end: u64, worst_lag: Option<u64>, ran: u64, queued: usize) {
+    let waited = shared.gil.waited();
+    shared.stats.book.with(py, |b| {
+        if let Some(lag) = worst_lag {
+            b.lag.record(stats::ticks_to_ns(lag));
+        }
+        let took = end.saturating_sub(b.marks.end).saturating_sub(waited.saturating_sub(b.marks.waited));
+        b.turn_time.record(stats::ticks_to_ns(took));
+        if took > b.longest_turns.bar(end) {
+            b.longest_turns.insert(end, took, TurnRecord { ended: end, callbacks: ran });
+        }
+        b.marks = TurnMarks { end, queued, waited };
+    });
+}
+
+/// A callback that ran for `took` ticks from `started` enters the slowest
+/// list, named as asyncio's debug mode names it (`loop._describe_callback`),
+/// asked for after it returned. Only KeyboardInterrupt and SystemExit
+/// escape (they stop the loop, as from the callback itself).
+#[cold]
+#[inline(never)]
+fn note_slow_callback(
+    slf: &Bound<'_, PyAny>,
+    shared: &LoopShared,
+    item: &Ready,
+    cb: &Callback,
+    started: u64,
+    took: u64,
+) -> PyResult<()> {
+    let py = slf.py();
+    // SAFETY: the queue item and the callback hold these objects.
+    let (handle, func) =
+        unsafe { (Bound::from_borrowed_ptr(py, item.as_ptr()), Bound::from_borrowed_ptr(py, cb.func())) };
+    // The handle shows its callback again while it is described (as in an
+    // error report).
+    let shown = item.with_state(py, |c| c.show_callback(cb));
+    let described = python::call_method(slf, python::event_loop::_describe_callback(py), (handle, func))
+        .and_then(|d| d.extract::<(String, Option<String>, Option<String>)>());
+    if shown {
+        let dropped = item.with_state(py, |c| c.finish_run());
+        drop(dropped);
+    }
+    let (name, coroutine, location) = match described {
+        Ok(d) => d,
+        Err(err) if is_fatal_base(py, &err) => return Err(err),
+        Err(err) => {
+            err.write_unraisable(py, Some(slf));
+            return Ok(());
+        }
+    };
+    let entry = SlowCallback { started, name, coroutine, location, protocol: None };
+    shared.stats.book.with(py, |b| b.slowest.insert(started + took, took, entry));
     Ok(())
 }
 

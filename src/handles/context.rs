@@ -219,7 +219,7 @@ impl ContextCache {
 ///
 /// # Safety
 /// GIL held; `ctx` is a live context not currently entered.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn run_in(
     ctx: *mut ffi::PyObject,
     shared: bool,

@@ -37,7 +37,7 @@ pub(crate) use state::HandleState;
 ///
 /// # Safety
 /// GIL held; `ctx` stays alive for the call (the caller holds the handle).
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shared: bool) -> bool {
     // SAFETY: per the contract.
     unsafe { context::run_in(ctx, shared, |c| cb.call_in(c)) }
@@ -206,9 +206,11 @@ impl Handle {
 }
 
 /// Count of cancelled timers still sitting in a loop's heap, shared between the
-/// loop and its timer handles so the heap knows when to compact.
+/// loop and its timer handles so the heap knows when to compact; and how many
+/// timers were cancelled before they ran (the loop's stats).
 pub(crate) struct TimerBook {
     pub(crate) cancelled_in_heap: Cell<usize>,
+    pub(crate) cancelled_total: Cell<u64>,
 }
 
 /// `Rc<TimerBook>` that may sit in a pyclass.
@@ -291,9 +293,19 @@ impl TimerHandle {
                 let n = &self.book.0.cancelled_in_heap;
                 n.set(n.get() + 1);
             }
+            if !c.cancelled && c.callback.is_some() {
+                let n = &self.book.0.cancelled_total;
+                n.set(n.get() + 1);
+            }
             c.cancel()
         });
         drop(dropped);
+    }
+
+    /// The deadline, in loop time.
+    #[inline]
+    pub(crate) fn deadline(&self) -> f64 {
+        self.when
     }
 }
 

@@ -16,6 +16,7 @@ use pyo3::PyClass;
 
 use crate::cell::NativeCell;
 use crate::errors::is_fatal_base;
+use crate::eventloop::stats::{self, IoTotals, LoopStats, SlowCallback};
 use crate::eventloop::{warn_if_slow_io, LoopShared};
 use crate::handles::context::ContextScope;
 use crate::python;
@@ -55,6 +56,93 @@ pub(crate) struct TransportBase {
     /// The turn in which reading last started or resumed
     /// (`Transport::note_read_start`).
     pub(crate) read_started_turn: Option<u64>,
+    /// `get_extra_info('zuvrs_stats')`.
+    pub(crate) stats: TransportStats,
+}
+
+/// A pause's time: since when (ticks of the stats clock), and the total of
+/// those that ended.
+#[derive(Default)]
+struct PauseTime {
+    since: Option<u64>,
+    total: u64,
+}
+
+impl PauseTime {
+    /// A pause begins (timed only while the loop's stats are on) or ends
+    /// (its time also goes to the loop's total). Out of line: called on
+    /// flow control's changes only, from code that runs on every write.
+    #[cold]
+    #[inline(never)]
+    fn set(&mut self, paused: bool, timing: bool, loop_total: &std::cell::Cell<u64>) {
+        match (paused, self.since) {
+            (true, None) if timing => self.since = Some(stats::now()),
+            (false, Some(since)) => {
+                let took = stats::now().saturating_sub(since);
+                self.total += took;
+                LoopStats::add(loop_total, took);
+                self.since = None;
+            }
+            _ => {}
+        }
+    }
+
+    fn seconds(&self) -> f64 {
+        let live = self.since.map_or(0, |since| stats::now().saturating_sub(since));
+        stats::ticks_to_seconds(self.total + live)
+    }
+}
+
+/// A transport's figures, each also added to its loop's totals. Reads and
+/// writes count system calls (a write request handed to libuv counts one).
+#[derive(Default)]
+pub(crate) struct TransportStats {
+    bytes_read: u64,
+    reads: u64,
+    bytes_written: u64,
+    writes: u64,
+    write_buffer_high: usize,
+    reading_paused: PauseTime,
+    writing_paused: PauseTime,
+}
+
+impl TransportStats {
+    /// One read call that brought `n` bytes.
+    #[inline]
+    pub(crate) fn read(&mut self, io: &IoTotals, n: usize) {
+        self.reads += 1;
+        self.bytes_read += n as u64;
+        LoopStats::add(&io.reads, 1);
+        LoopStats::add(&io.bytes_read, n as u64);
+    }
+
+    /// `calls` write calls (or requests) that sent `n` bytes.
+    #[inline]
+    pub(crate) fn wrote(&mut self, io: &IoTotals, calls: u64, n: usize) {
+        self.writes += calls;
+        self.bytes_written += n as u64;
+        LoopStats::add(&io.writes, calls);
+        LoopStats::add(&io.bytes_written, n as u64);
+    }
+
+    /// The write buffer holds `size` bytes.
+    #[inline]
+    pub(crate) fn buffered(&mut self, size: usize) {
+        self.write_buffer_high = self.write_buffer_high.max(size);
+    }
+
+    /// The figures, copied out (to make Python objects of outside a borrow).
+    fn figures(&self) -> [(&'static str, f64); 7] {
+        [
+            ("bytes_read", self.bytes_read as f64),
+            ("bytes_written", self.bytes_written as f64),
+            ("reads", self.reads as f64),
+            ("writes", self.writes as f64),
+            ("write_buffer_high", self.write_buffer_high as f64),
+            ("reading_paused_seconds", self.reading_paused.seconds()),
+            ("writing_paused_seconds", self.writing_paused.seconds()),
+        ]
+    }
 }
 
 impl TransportBase {
@@ -75,6 +163,7 @@ impl TransportBase {
             pause_on_reaching_high: false,
             context,
             read_started_turn: None,
+            stats: TransportStats::default(),
         })
     }
 
@@ -224,13 +313,16 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
 
     /// Calls `protocol.pause_writing()` once `buffered` bytes are over the
     /// high-water mark (asyncio's `_maybe_pause_protocol`).
+    #[inline]
     fn pause_protocol_if_needed(&self, py: Python<'_>, buffered: usize) -> PyResult<()> {
+        let loop_stats = &self.shared().stats;
         let protocol = self.with_base(py, |b| {
             let below = if b.pause_on_reaching_high { buffered < b.high_water } else { buffered <= b.high_water };
             if b.protocol_paused || below {
                 return None;
             }
             b.protocol_paused = true;
+            b.stats.writing_paused.set(true, loop_stats.timing(), &loop_stats.io.write_paused);
             b.protocol.as_ref().map(|p| p.clone_ref(py))
         });
         self.tell_protocol(py, protocol, python::protocol::pause_writing(py), "protocol.pause_writing() failed")
@@ -238,12 +330,15 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
 
     /// Calls `protocol.resume_writing()` once `buffered` bytes are down to
     /// the low-water mark (asyncio's `_maybe_resume_protocol`).
+    #[inline]
     fn resume_protocol_if_needed(&self, py: Python<'_>, buffered: usize) -> PyResult<()> {
+        let loop_stats = &self.shared().stats;
         let protocol = self.with_base(py, |b| {
             if !b.protocol_paused || buffered > b.low_water {
                 return None;
             }
             b.protocol_paused = false;
+            b.stats.writing_paused.set(false, loop_stats.timing(), &loop_stats.io.write_paused);
             b.protocol.as_ref().map(|p| p.clone_ref(py))
         });
         self.tell_protocol(py, protocol, python::protocol::resume_writing(py), "protocol.resume_writing() failed")
@@ -268,9 +363,18 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
         Ok(())
     }
 
-    /// The last step of a libuv callback that ran protocol code: debug
-    /// mode's slow-callback warning, then the protocol's context left.
+    /// The last step of a libuv callback that ran protocol code: the
+    /// slowest list (stats on) and debug mode's slow-callback warning, then
+    /// the protocol's context left.
     fn leave_io(&self, py: Python<'_>, scope: IoScope) {
+        if let Some(began) = scope.timed {
+            let end = stats::now();
+            let took = end.saturating_sub(began);
+            let loop_stats = &self.shared().stats;
+            if took > loop_stats.book.with(py, |b| b.slow_bar(end)) {
+                self.note_slow_io(py, began, took);
+            }
+        }
         if let Some(started) = scope.started {
             let (loop_obj, wrapper) = self.with_base(py, |b| (b.loop_obj.clone_ref(py), b.wrapper.clone_ref(py)));
             warn_if_slow_io(py, loop_obj.bind(py), wrapper.bind(py), started);
@@ -308,6 +412,48 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
         }
     }
 
+    /// A protocol callback run from libuv's callback enters the slowest
+    /// list under the name debug mode gives it (`loop._warn_slow_io`).
+    #[cold]
+    #[inline(never)]
+    #[doc(hidden)]
+    fn note_slow_io(&self, py: Python<'_>, began: u64, took: u64) {
+        let (wrapper, protocol) =
+            self.with_base(py, |b| (b.wrapper.clone_ref(py), b.protocol.as_ref().map(|p| p.clone_ref(py))));
+        let type_name = |o: &Py<PyAny>| o.bind(py).get_type().qualname().map(|n| n.to_string()).unwrap_or_default();
+        let entry = SlowCallback {
+            started: began,
+            name: format!("<Handle {}._read_ready()>", type_name(&wrapper)),
+            coroutine: None,
+            location: None,
+            protocol: protocol.as_ref().map(type_name),
+        };
+        self.shared().stats.book.with(py, |b| b.slowest.insert(began + took, took, entry));
+    }
+
+    /// Reading was paused or resumed (pause_reading() / resume_reading()).
+    fn reading_paused(&self, py: Python<'_>, paused: bool) {
+        let loop_stats = &self.shared().stats;
+        self.with_base(py, |b| {
+            let paused = paused && !b.closing;
+            b.stats.reading_paused.set(paused, loop_stats.timing(), &loop_stats.io.read_paused)
+        })
+    }
+
+    /// The transport's figures (`get_extra_info('zuvrs_stats')`).
+    fn stats_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let figures = self.cell().with(py, |st| st.base().stats.figures());
+        let d = pyo3::types::PyDict::new(py);
+        for (name, value) in figures {
+            if name.ends_with("_seconds") {
+                d.set_item(name, value)?;
+            } else {
+                d.set_item(name, value as u64)?;
+            }
+        }
+        Ok(d)
+    }
+
     /// Sets the water marks (the Python transport checks and keeps the
     /// limits as asyncio's `_set_write_buffer_limits` does), then pauses the
     /// protocol if `buffered` is now over the high one.
@@ -336,8 +482,9 @@ pub(crate) unsafe fn enter<'a, C: Transport>(handle: *mut sys::uv_handle_t) -> (
         let core = &*((*handle).data as *const C);
         let py = core.shared().enter_io();
         let started = core.shared().debug_clock(py);
+        let timed = core.shared().stats.timing().then(stats::now);
         let context = core.protocol_context(py);
-        (core, py, IoScope { started, _context: context })
+        (core, py, IoScope { started, timed, _context: context })
     }
 }
 
@@ -345,5 +492,7 @@ pub(crate) unsafe fn enter<'a, C: Transport>(handle: *mut sys::uv_handle_t) -> (
 pub(crate) struct IoScope {
     /// The debug clock at the start.
     started: Option<f64>,
+    /// The stats clock at the start (the loop's stats are on).
+    timed: Option<u64>,
     _context: ContextScope,
 }

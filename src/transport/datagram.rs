@@ -236,7 +236,10 @@ impl DatagramCore {
                 return Ok(Sent::Fatal(os_error(libc::EBADF)));
             };
             return match python::call_method(sock.bind(py), python::socket::sendto(py), (data, addr)) {
-                Ok(_) => Ok(Sent::Done),
+                Ok(_) => {
+                    self.count_sent(py, data.len().unwrap_or(0));
+                    Ok(Sent::Done)
+                }
                 Err(err) => classify(py, err),
             };
         }
@@ -258,6 +261,7 @@ impl DatagramCore {
                 }
             };
             if n >= 0 {
+                self.count_sent(py, n as usize);
                 return Ok(Sent::Done);
             }
             match last_errno() {
@@ -274,6 +278,12 @@ impl DatagramCore {
                 e => return Ok(Sent::Failed(os_error(e))),
             }
         }
+    }
+
+    /// One datagram of `n` bytes went out.
+    fn count_sent(&self, py: Python<'_>, n: usize) {
+        let io = &self.shared().stats.io;
+        self.state.with(py, |st| st.base.stats.wrote(io, 1, n));
     }
 
     /// `protocol.error_received(exc)` (also from sendto(), so the protocol's
@@ -301,6 +311,8 @@ impl DatagramCore {
             // SAFETY: the buffer and the address storage are sized.
             let n = unsafe { libc::recvfrom(fd, buf as *mut _, READ_SIZE, 0, src.as_mut_ptr(), &mut src.len) };
             if n >= 0 {
+                let io = &self.shared().stats.io;
+                self.state.with(py, |st| st.base.stats.read(io, n as usize));
                 break n as usize;
             }
             match last_errno() {
@@ -538,6 +550,7 @@ impl DatagramCore {
     }
 
     fn pause_reading(&self, py: Python<'_>) -> PyResult<()> {
+        self.reading_paused(py, true);
         let changed = self.state.with(py, |st| {
             let change = !st.base.paused && !st.base.closing;
             st.base.paused |= change;
@@ -550,6 +563,7 @@ impl DatagramCore {
     }
 
     fn resume_reading(&self, py: Python<'_>) -> PyResult<()> {
+        self.reading_paused(py, false);
         let changed = self.state.with(py, |st| {
             let change = !st.base.closing && st.base.paused;
             st.base.paused &= !change;
@@ -586,6 +600,11 @@ impl DatagramCore {
     /// Whether the protocol was told to pause writing.
     fn _protocol_paused(&self, py: Python<'_>) -> bool {
         self.state.with(py, |st| st.base.protocol_paused)
+    }
+
+    /// `get_extra_info('zuvrs_stats')`'s figures.
+    fn _stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        self.stats_dict(py)
     }
 
     /// Whether pause_reading() is in force (asyncio's transports' `_paused`).
@@ -655,6 +674,7 @@ impl DatagramCore {
         let buffered = self.state.with(py, |st| {
             st.queue.push_back(Pending { data: copy.unbind(), addr: addr.unbind() });
             st.buffer_size += size;
+            st.base.stats.buffered(st.buffer_size);
             st.buffer_size
         });
         self.pause_protocol_if_needed(py, buffered)

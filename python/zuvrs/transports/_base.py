@@ -101,6 +101,15 @@ class NativeTransport:
     def get_protocol(self):
         return self._core.get_protocol()
 
+    def get_extra_info(self, name, default=None):
+        """asyncio's extra info, and 'zuvrs_stats': this transport's figures
+        (a zuvrs.stats.TransportStats)."""
+        if name == "zuvrs_stats":
+            from ..stats import TransportStats
+
+            return TransportStats._from_native(self._core._stats())
+        return self._extra.get(name, default)
+
     @property
     def _paused(self):
         # asyncio's transports' attribute (pause_reading() in force), which

@@ -416,6 +416,7 @@ impl StreamCore {
 
     /// Pauses reading (for TLS: decrypting; the socket goes on reading).
     fn pause_reading(&self, py: Python<'_>) {
+        self.reading_paused(py, true);
         if self.is_tls(py) {
             self.tls_pause_reading(py)
         } else {
@@ -424,6 +425,7 @@ impl StreamCore {
     }
 
     fn resume_reading(&self, py: Python<'_>) -> PyResult<()> {
+        self.reading_paused(py, false);
         if self.is_tls(py) {
             self.tls_resume_reading(py);
             Ok(())
@@ -552,6 +554,11 @@ impl StreamCore {
 
     fn get_write_buffer_size(&self, py: Python<'_>) -> usize {
         self.buffer_size(py)
+    }
+
+    /// `get_extra_info('zuvrs_stats')`'s figures.
+    fn _stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        self.stats_dict(py)
     }
 
     fn get_write_buffer_limits(&self, py: Python<'_>) -> (usize, usize) {

@@ -98,7 +98,11 @@ impl StreamCore {
     }
 
     fn on_read(&self, py: Python<'_>, nread: isize) {
+        let io = &self.shared().stats.io;
         let (view, get_buffer_error, tls, waits) = self.state.with(py, |st| {
+            if nread != sys::uv_errno_t_UV_ENOBUFS as isize {
+                st.base.stats.read(io, nread.max(0) as usize);
+            }
             let waits = std::mem::take(&mut st.read_waits);
             match &mut st.reader {
                 Reader::Buffered { view, error } => (view.take(), error.take(), false, waits),

@@ -775,6 +775,7 @@ impl StreamCore {
     /// (no copy into the write queue: a third of tls_bulk's copying).
     /// False if the connection failed meanwhile (nothing more to send).
     fn tls_send_from_session(&self, py: Python<'_>) -> PyResult<bool> {
+        let io = &self.shared().stats.io;
         let failed = self.state.with(py, |st| {
             let stream = st.stream_ptr()?;
             if st.base.conn_lost != 0 || !st.writes.is_idle() {
@@ -793,6 +794,7 @@ impl StreamCore {
             // SAFETY: the open stream; `buf` points into the session's
             // output, which nothing changes before the call returns.
             let n = unsafe { sys::uv_try_write(stream, &buf, 1) };
+            st.base.stats.wrote(io, 1, n.max(0) as usize);
             if n == sys::uv_errno_t_UV_EAGAIN {
                 return None;
             }

@@ -272,6 +272,7 @@ impl StreamCore {
             let w = &mut st.writes;
             w.queue.push_back(chunk);
             w.queued_bytes += len;
+            st.base.stats.buffered(w.size());
             if w.writing {
                 return (false, false, None);
             }
@@ -301,6 +302,7 @@ impl StreamCore {
     /// One vectored try-write of everything queued; the rest goes to
     /// `uv_write`.
     pub(super) fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let io = &self.shared().stats.io;
         let failed = self.state.with(py, |st| {
             st.writes.flush_pending = false;
             let stream = st.stream_ptr();
@@ -313,6 +315,7 @@ impl StreamCore {
             // SAFETY: the buffers point into chunks the queue owns; libuv
             // writes at most IOV_MAX of them.
             let n = unsafe { sys::uv_try_write(stream, bufs.as_ptr(), bufs.len() as u32) };
+            st.base.stats.wrote(io, 1, n.max(0) as usize);
             if n < 0 && n != sys::uv_errno_t_UV_EAGAIN {
                 return Err((n, w.discard()));
             }
@@ -337,6 +340,7 @@ impl StreamCore {
     /// already in flight.
     fn submit(&self, py: Python<'_>) -> PyResult<()> {
         let me = self as *const StreamCore;
+        let io = &self.shared().stats.io;
         let failed = self.state.with(py, |st| {
             let stream = st.stream_ptr()?;
             let w = &mut st.writes;
@@ -380,6 +384,7 @@ impl StreamCore {
                 return Some((rc, req));
             }
             w.writing = true;
+            st.base.stats.wrote(io, 1, 0);
             None
         });
         match failed {
@@ -438,7 +443,11 @@ impl StreamCore {
     }
 
     fn on_write_done(&self, py: Python<'_>, bytes: usize, status: i32) -> PyResult<()> {
+        let io = &self.shared().stats.io;
         let closed = self.state.with(py, |st| {
+            if status >= 0 {
+                st.base.stats.wrote(io, 0, bytes);
+            }
             st.writes.writing = false;
             st.writes.in_flight_bytes = st.writes.in_flight_bytes.saturating_sub(bytes);
             st.handle.is_none()
