@@ -88,9 +88,10 @@ class _TransportSocket(trsock.TransportSocket):
 
 _new_tsock = _TransportSocket.__new__
 
-# What the extra info of a socket transport holds (anything else it is asked
-# for is the default until the dict is made).
-_NAMES = frozenset(("socket", "sockname", "peername"))
+# What the extra info of a socket transport holds, and 'zuvrs_stats' (which
+# needs no dict); anything else it is asked for is the default until the
+# dict is made.
+_ASKED_BEFORE_MADE = frozenset(("socket", "sockname", "peername", "zuvrs_stats"))
 
 
 class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControlMixin):
@@ -125,10 +126,9 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         self._pending_extra = None
 
     def get_extra_info(self, name, default=None):
-        extra = self._extra_dict
-        if extra is None and name not in _NAMES:
+        if self._extra_dict is None and name not in _ASKED_BEFORE_MADE:
             return default
-        return self._extra.get(name, default)
+        return super().get_extra_info(name, default)
 
     def _make_extra(self):
         """The extra info of a connection zuvrs set up natively."""
