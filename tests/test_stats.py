@@ -206,6 +206,20 @@ def test_a_timer_due_during_a_blocking_callback_is_late(timed_loop):
     assert s.lag.max >= SLEEP - 0.002
 
 
+def test_timers_at_infinite_or_nan_deadlines_are_not_late(timed_loop):
+    # asyncio accepts call_at(-inf) and call_at(nan); their lag counts from
+    # the turn they run in, not from a deadline infinitely long ago.
+    fired = []
+    for when in (float("-inf"), float("nan")):
+        timed_loop.call_at(when, fired.append, when)
+    timed_loop.call_later(0.001, timed_loop.stop)
+    timed_loop.run_forever()
+    s = timed_loop.stats()
+    assert len(fired) == 2
+    assert s.timers_fired == 3
+    assert s.lag.max < 1.0
+
+
 def test_a_task_step_is_named_by_its_task(timed_loop):
     async def slow_worker():
         time.sleep(SLEEP)

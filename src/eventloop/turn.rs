@@ -350,7 +350,11 @@ fn run_ready<const TIMED: bool>(slf: &Bound<'_, PyAny>, shared: &LoopShared, tim
             LoopStats::add(&shared.stats.timers_fired, 1);
             if TIMED {
                 if let Some(at) = timers_at {
-                    let lag = ((at - h.get().deadline()).max(0.0) * 1e9) as u64 + stats::ticks_to_ns(last - began);
+                    // A deadline of -inf or NaN (asyncio accepts both) is
+                    // late by nothing measurable: it counts from the turn.
+                    let late = at - h.get().deadline();
+                    let late_ns = if late.is_finite() { (late.max(0.0) * 1e9) as u64 } else { 0 };
+                    let lag = late_ns.saturating_add(stats::ticks_to_ns(last.saturating_sub(began)));
                     shared.stats.book.with(py, |b| b.lag.record(lag));
                 }
             }
