@@ -107,9 +107,10 @@ def shares(python: str, loop: str, workload: str, size: int, freq: int) -> Dict[
     return {g: extra[g] / total for g in GROUPS}
 
 
-def read_ratios(path: str) -> Dict[str, float]:
-    """zuvrs/uvloop median ratios from a compare.py markdown report."""
-    out: Dict[str, float] = {}
+def read_ratios(path: str) -> Dict[str, Dict[str, float]]:
+    """Median ratios over uvloop from a compare.py markdown report: for each
+    ``<loop>/uvloop`` column (zuvrs, zuvrs-streams, ...), workload -> ratio."""
+    out: Dict[str, Dict[str, float]] = {}
     with open(path) as f:
         text = f.read()
     # the summary table: | workload | size | ...loops... | zuvrs/uvloop | ...
@@ -124,9 +125,12 @@ def read_ratios(path: str) -> Dict[str, float]:
                 if out:
                     break
                 continue
-            m = re.match(r"([\d.]+)x", cells[head.index("zuvrs/uvloop")])
-            if m:
-                out[cells[0]] = float(m.group(1))
+            for i, col in enumerate(head):
+                if not col.endswith("/uvloop"):
+                    continue
+                m = re.match(r"([\d.]+)x", cells[i])
+                if m:
+                    out.setdefault(col[: -len("/uvloop")], {})[cells[0]] = float(m.group(1))
     return out
 
 
@@ -157,7 +161,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     head = ["workload", "size", "loop", "own code", "kernel", "interpreter", "other"]
     if ratios:
-        head += ["zuvrs/uvloop measured", "ceiling"]
+        head += ["measured over uvloop", "ceiling"]
     rows = []
     for w in wnames:
         size = max(1, int(workloads.WORKLOADS[w][1] * a.scale))
@@ -169,9 +173,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    f"{med['own']:.1%} ({min(own):.1%}..{max(own):.1%})",
                    f"{med['kernel']:.1%}", f"{med['python']:.1%}", f"{med['other']:.1%}"]
             if ratios:
-                r = ratios.get(w)
-                row += [f"{r:.2f}x" if r and l == "zuvrs" else "",
-                        f"{r / (1 - med['own']):.2f}x" if r and l == "zuvrs" else ""]
+                r = ratios.get(l, {}).get(w)
+                row += [f"{r:.2f}x" if r else "",
+                        f"{r / (1 - med['own']):.2f}x" if r else ""]
             rows.append(row)
             print("  ".join(row), file=sys.stderr, flush=True)
     lines = [report_title("own-code share"),
@@ -181,8 +185,9 @@ def main(argv: Optional[List[str]] = None) -> int:
              f"{BASE_FRACTION:.0%} of the size."
              + (f" Measured ratios from `{a.ratios}`." if a.ratios else ""),
              ""]
-    notes = (["ceiling = measured / (1 - own share): the zuvrs/uvloop ratio "
-              "if zuvrs's own code (libuv included) took no time at all."] if ratios else [])
+    notes = (["ceiling = measured / (1 - own share): the ratio over uvloop "
+              "if the loop's own code (zuvrs's: libuv and the native streams included) "
+              "took no time at all."] if ratios else [])
     write_report(lines, head, rows, notes, a.markdown)
     return 0
 

@@ -769,21 +769,25 @@ def test_prelude(loop_name: str, monkeypatch) -> None:
 
 
 def test_own_share_reads_ratios_and_groups_objects(tmp_path) -> None:
-    """own_share.py's ceilings come from a compare.py report's zuvrs/uvloop
-    column; a misread column would print a wrong ceiling."""
+    """own_share.py's ceilings come from a compare.py report's <loop>/uvloop
+    columns; a misread column would print a wrong ceiling."""
     import own_share
 
     report = tmp_path / "compare.md"
     report.write_text(
         "# report\n\n## Summary: median throughput\n\n"
-        "| workload | size | asyncio | uvloop | zuvrs | zuvrs/uvloop | zuvrs/asyncio |\n"
-        "|---|---|---:|---:|---:|---:|---:|\n"
-        "| udp_echo | 20,000 | 54.7k | 66.1k | 87.6k | 1.33x | 1.60x |\n"
-        "| tcp_bulk | 1,024 MiB | 2.2k | 3.1k | 5.7k | 1.82x ~ | 2.56x |\n"
-        "| unix_dgram_echo | 20,000 | 59.5k | **unsupported x5** | 106.1k | n/a | 1.78x |\n"
+        "| workload | size | asyncio | uvloop | zuvrs | zuvrs/uvloop | zuvrs/asyncio"
+        " | zuvrs-streams/uvloop |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|\n"
+        "| udp_echo | 20,000 | 54.7k | 66.1k | 87.6k | 1.33x | 1.60x | 1.35x |\n"
+        "| tcp_bulk | 1,024 MiB | 2.2k | 3.1k | 5.7k | 1.82x ~ | 2.56x | 1.70x ~ |\n"
+        "| unix_dgram_echo | 20,000 | 59.5k | **unsupported x5** | 106.1k | n/a | 1.78x | n/a |\n"
         "\n## Ratio over uvloop\n\n| workload | asyncio | zuvrs |\n|---|---:|---:|\n"
         "| udp_echo | 0.83x | 9.99x |\n")
-    assert own_share.read_ratios(str(report)) == {"udp_echo": 1.33, "tcp_bulk": 1.82}
+    assert own_share.read_ratios(str(report)) == {
+        "zuvrs": {"udp_echo": 1.33, "tcp_bulk": 1.82},
+        "zuvrs-streams": {"udp_echo": 1.35, "tcp_bulk": 1.70},
+    }
     assert own_share._group("_zuvrs.cpython-311-x86_64-linux-gnu.so", "zuvrs") == "own"
     assert own_share._group("loop.cpython-311-x86_64-linux-gnu.so", "uvloop") == "own"
     assert own_share._group("loop.cpython-311-x86_64-linux-gnu.so", "zuvrs") == "other"
