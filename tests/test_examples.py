@@ -53,7 +53,8 @@ EXAMPLES = {
             r"turns \d+, callbacks \d+, at least 1,000: True",
             r"bytes through the loop's transports: read 131,072, written 131,072",
             r"lag: p50 [\d.]+ ms, max \d+ ms; at least 50 ms: True",
-            r"slowest callback: <Handle handle_report\(\) at \S+loop_metrics\.py:\d+> took \d+ ms; at least 50 ms: True",
+            r"slowest callback: <Handle handle_report\(\) at \S+loop_metrics\.py:\d+>"
+            r" took \d+ ms; at least 50 ms: True",
             r"zuvrs loop: busy \d+% turns .* slowest [\d.]+ms <Handle handle_report\(\) .*",
             r'zuvrs_loop_callbacks_total\{loop="main"\} \d+',
         ],

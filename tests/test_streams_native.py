@@ -566,17 +566,24 @@ def test_bulk_through_a_small_limit_pauses_and_delivers_everything(loop, streams
     assert total == size and same and was_paused
 
 
+async def connected_pair(streams):
+    """A server of ``streams`` on 127.0.0.1 and one connection to it: the
+    server, the client's (reader, writer) and the server side's."""
+    accepted = asyncio.get_running_loop().create_future()
+
+    async def handle(reader, writer):
+        accepted.set_result((reader, writer))
+
+    server = await streams.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = await streams.open_connection("127.0.0.1", port)
+    return server, client, await accepted
+
+
+
 def test_peer_reset_reaches_the_reader(loop, streams):
     async def main():
-        accepted = loop.create_future()
-
-        async def handle(reader, writer):
-            accepted.set_result(writer)
-
-        server = await streams.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await streams.open_connection("127.0.0.1", port)
-        peer = await accepted
+        server, (reader, writer), (_, peer) = await connected_pair(streams)
         read = asyncio.create_task(reader.read(10))
         await asyncio.sleep(0.01)
         peer.transport.abort()
@@ -591,15 +598,7 @@ def test_peer_reset_reaches_the_reader(loop, streams):
 
 def test_drain_semantics(loop, streams):
     async def main():
-        accepted = loop.create_future()
-
-        async def handle(reader, writer):
-            accepted.set_result((reader, writer))
-
-        server = await streams.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await streams.open_connection("127.0.0.1", port)
-        peer_reader, peer_writer = await accepted
+        server, (reader, writer), (peer_reader, peer_writer) = await connected_pair(streams)
         # Nothing to wait for: drain completes at once.
         assert await writer.drain() is None
         # Paused by the transport: drain waits until the peer reads.
@@ -635,15 +634,8 @@ def test_drain_semantics(loop, streams):
 
 def test_writer_api_as_asyncio(loop, streams):
     async def main():
-        accepted = loop.create_future()
-
-        async def handle(reader, writer):
-            accepted.set_result((reader, writer))
-
-        server = await streams.start_server(handle, "127.0.0.1", 0)
+        server, (reader, writer), (peer_reader, peer_writer) = await connected_pair(streams)
         port = server.sockets[0].getsockname()[1]
-        reader, writer = await streams.open_connection("127.0.0.1", port)
-        peer_reader, peer_writer = await accepted
         assert isinstance(peer_writer, asyncio.StreamWriter)
         assert type(peer_reader) is type(reader) and type(peer_writer) is type(writer)
         assert writer.get_extra_info("peername") == ("127.0.0.1", port)
@@ -858,15 +850,7 @@ def test_close_waiter_and_done_future_as_asyncio(loop, streams):
     async def main():
         contexts = []
         loop.set_exception_handler(lambda lp, ctx: contexts.append(ctx))
-        accepted = loop.create_future()
-
-        async def handle(reader, writer):
-            accepted.set_result(writer)
-
-        server = await streams.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await streams.open_connection("127.0.0.1", port)
-        peer = await accepted
+        server, (reader, writer), (_, peer) = await connected_pair(streams)
         assert writer._complete_fut.done() and writer._complete_fut.result() is None
         waiting = asyncio.ensure_future(writer.wait_closed())
         await asyncio.sleep(0)
@@ -899,15 +883,7 @@ def test_exported_buffer_fails_the_connection_as_asyncio(loop, streams):
     async def main():
         contexts = []
         loop.set_exception_handler(lambda lp, ctx: contexts.append(ctx))
-        accepted = loop.create_future()
-
-        async def handle(reader, writer):
-            accepted.set_result(writer)
-
-        server = await streams.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await streams.open_connection("127.0.0.1", port)
-        peer = await accepted
+        server, (reader, writer), (_, peer) = await connected_pair(streams)
         peer.write(b"first\n")
         assert await reader.readline() == b"first\n"
         view = memoryview(reader._buffer)

@@ -34,6 +34,11 @@ pub(crate) fn attach_reader(py: Python<'_>, core: &Bound<'_, StreamCore>, protoc
     core.get().attach_sink(py, protocol, reader::sink(reader));
 }
 
+/// An attribute set to None is held as absent (a deleted one too).
+fn none_as_absent(py: Python<'_>, value: Option<Py<PyAny>>) -> Option<Py<PyAny>> {
+    value.filter(|v| !v.is_none(py))
+}
+
 /// The stream classes and functions of the `_zuvrs` module.
 pub(crate) fn register(m: &Bound<'_, pyo3::types::PyModule>) -> PyResult<()> {
     m.add_class::<ReaderCore>()?;

@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes};
 use pyo3::{ffi, PyTraverseError, PyVisit};
 
+use super::none_as_absent;
 use super::ops::{Method, ReadOp};
 use crate::cell::NativeCell;
 use crate::python;
@@ -447,9 +448,4 @@ impl ReaderCore {
             self.state.with(py, |st| (st.waiter.take(), st.exception.take(), st.transport.take(), st.loop_obj.take()));
         drop(old);
     }
-}
-
-/// An attribute set to None is held as absent (a deleted one too).
-fn none_as_absent(py: Python<'_>, value: Option<Py<PyAny>>) -> Option<Py<PyAny>> {
-    value.filter(|v| !v.is_none(py))
 }

@@ -18,6 +18,7 @@
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
+use super::none_as_absent;
 use super::ops::Completed;
 use super::reader::ReaderCore;
 use crate::cell::NativeCell;
@@ -174,7 +175,7 @@ impl WriterCore {
 
     #[setter(_transport)]
     fn set_transport(&self, py: Python<'_>, transport: Option<Py<PyAny>>) {
-        let transport = transport.filter(|t| !t.is_none(py));
+        let transport = none_as_absent(py, transport);
         let core = transport.as_ref().and_then(|t| native_core(t.bind(py)));
         let old = self
             .state
@@ -189,7 +190,7 @@ impl WriterCore {
 
     #[setter(_protocol)]
     fn set_protocol(&self, py: Python<'_>, protocol: Option<Py<PyAny>>) {
-        let protocol = protocol.filter(|p| !p.is_none(py));
+        let protocol = none_as_absent(py, protocol);
         let flow_control = protocol.as_ref().is_some_and(|p| has_flow_control(p.bind(py)));
         let old = self.state.with(py, |st| {
             st.flow_control = flow_control;
@@ -205,7 +206,7 @@ impl WriterCore {
 
     #[setter(_reader)]
     fn set_reader(&self, py: Python<'_>, reader: Option<Py<PyAny>>) {
-        let reader = reader.filter(|r| !r.is_none(py));
+        let reader = none_as_absent(py, reader);
         let native = reader.as_ref().and_then(|r| r.bind(py).cast::<ReaderCore>().ok().map(|r| r.clone().unbind()));
         let old = self.state.with(py, |st| {
             (std::mem::replace(&mut st.reader, reader), std::mem::replace(&mut st.native_reader, native))
@@ -220,7 +221,7 @@ impl WriterCore {
 
     #[setter(_loop)]
     fn set_loop(&self, py: Python<'_>, loop_obj: Option<Py<PyAny>>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.loop_obj, loop_obj.filter(|l| !l.is_none(py))));
+        let old = self.state.with(py, |st| std::mem::replace(&mut st.loop_obj, none_as_absent(py, loop_obj)));
         drop(old);
     }
 
@@ -244,7 +245,7 @@ impl WriterCore {
 
     #[setter(_complete_fut)]
     fn set_complete_fut(&self, py: Python<'_>, fut: Option<Py<PyAny>>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.complete_fut, fut.filter(|f| !f.is_none(py))));
+        let old = self.state.with(py, |st| std::mem::replace(&mut st.complete_fut, none_as_absent(py, fut)));
         drop(old);
     }
 
