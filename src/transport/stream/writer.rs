@@ -20,7 +20,7 @@ use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
 use smallvec::SmallVec;
 
 use super::{StreamCore, StreamKind};
-use crate::errors::uv_error;
+use crate::errors::{last_errno, uv_error};
 use crate::eventloop::ClientPtr;
 use crate::python;
 use crate::transport::base::{Transport, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
@@ -254,13 +254,30 @@ impl StreamCore {
             return Err(PyRuntimeError::new_err("Cannot call write() after write_eof()"));
         }
         let items: Vec<Bound<'_, PyAny>> = list_of_data.try_iter()?.collect::<PyResult<_>>()?;
+        let mut total = 0;
         for item in &items {
-            to_chunk(item)?;
+            total += to_chunk(item)?.1;
+        }
+        // Up to 3.11 asyncio's writelines() is one write() of the items
+        // joined (pipes' on every version): to a lost connection that is one
+        // dropped write, counted once towards the warning.
+        let joined = self.state.with(py, |st| st.kind == StreamKind::Pipe) || !cfg!(Py_3_12);
+        if joined && total > 0 && self.dropping(py) {
+            if let Some(item) = items.iter().find(|item| item.len().is_ok_and(|n| n > 0)) {
+                return self.write_data(py, item);
+            }
         }
         for item in &items {
             self.write_data(py, item)?;
         }
         Ok(())
+    }
+
+    /// Whether write() drops what it is given (see write_data).
+    fn dropping(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| {
+            st.base.conn_lost > 0 || st.handle.is_none() || (st.kind == StreamKind::Pipe && st.base.closing)
+        })
     }
 
     /// Queues `chunk`; unless a write is in flight (its completion sends the
@@ -418,27 +435,34 @@ impl StreamCore {
         if lose {
             return self.schedule_connection_lost(py, None);
         }
+        // (An error here is asyncio's failing _write_ready: not reported.)
         self.maybe_shutdown(py);
         Ok(())
     }
 
-    /// Sends EOF (shutdown of the write side) once nothing is left to write.
-    pub(super) fn maybe_shutdown(&self, py: Python<'_>) {
+    /// Sends EOF (shutdown of the write side) once nothing is left to write:
+    /// `shutdown(2)` at once, as asyncio's `sock.shutdown(SHUT_WR)`, so an
+    /// error reaches write_eof()'s caller as there (the errno of a failure;
+    /// after a drain asyncio's callback would fail, which is not copied).
+    pub(super) fn maybe_shutdown(&self, py: Python<'_>) -> Option<i32> {
         self.state.with(py, |st| {
             if !st.eof || st.shutdown_sent || !st.writes.is_idle() {
-                return;
+                return None;
             }
-            let Some(stream) = st.stream_ptr() else { return };
+            let stream = st.stream_ptr()?;
             st.shutdown_sent = true;
-            // SAFETY: plain C data, initialised by uv_shutdown.
-            let req = Box::into_raw(Box::new(unsafe { MaybeUninit::<sys::uv_shutdown_t>::zeroed().assume_init() }));
-            // SAFETY: the stream is open; the request is freed by on_shutdown
-            // or below.
-            let rc = unsafe { sys::uv_shutdown(req, stream, Some(on_shutdown)) };
-            if rc < 0 {
-                // SAFETY: libuv refused the request: it is still ours.
-                drop(unsafe { Box::from_raw(req) });
+            let mut fd: sys::uv_os_fd_t = -1;
+            // SAFETY: the stream is open; uv_fileno only reads its fd.
+            if unsafe { sys::uv_fileno(stream as *const sys::uv_handle_t, &mut fd) } < 0 {
+                return None;
             }
+            // SAFETY: a plain system call on the stream's own socket; libuv
+            // has nothing in flight on it (the queue is idle) and only reads
+            // from it from now on.
+            if unsafe { libc::shutdown(fd, libc::SHUT_WR) } < 0 {
+                return Some(last_errno());
+            }
+            None
         })
     }
 
@@ -478,9 +502,4 @@ unsafe extern "C" fn on_write(req: *mut sys::uv_write_t, status: i32) {
             core.fail_in_callback(py, err);
         }
     }
-}
-
-unsafe extern "C" fn on_shutdown(req: *mut sys::uv_shutdown_t, _status: i32) {
-    // SAFETY: the request came from maybe_shutdown.
-    unsafe { drop(Box::from_raw(req)) };
 }
