@@ -8,7 +8,7 @@ import struct
 import sys
 
 import pytest
-from _support import TcpPair, run
+from _support import TcpPair, run, wait_until
 
 PY312 = sys.version_info >= (3, 12)
 
@@ -69,3 +69,87 @@ def test_writelines_to_lost_connection_counts_once(loop, caplog):
         run(loop, main())
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
+
+pytest.importorskip("cryptography")
+from _tls_certs import make_pki  # noqa: E402
+from _tls_support import SSLPROTO_311, TLS12, TlsPair, client_context, server_context  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@SSLPROTO_311
+def test_tls_abort_after_write_sends_it(loop, pki):
+    """sslproto encrypts in write() and its socket transport sends at once:
+    write(); abort() in one callback leaves the record sent."""
+
+    async def main():
+        pair = await TlsPair.open(server_context(pki, version=TLS12), client_context(pki, version=TLS12))
+        pair.client_transport.write(b"z")
+        pair.client_transport.abort()
+        await asyncio.wait_for(pair.server.lost, 5)
+        data = bytes(pair.server.data)
+        await pair.aclose()
+        return data
+
+    assert run(loop, main()) == b"z"
+
+
+@SSLPROTO_311
+def test_tls_limits_after_write(loop, pki):
+    """sslproto compares new water marks with what its write() left (nothing
+    once encrypted): high 0 pauses (its test is >=), and the protocol stays
+    paused."""
+
+    async def main():
+        pair = await TlsPair.open(server_context(pki), client_context(pki))
+        proto = pair.client
+        pair.client_transport.write(b"y" * 101)
+        pair.client_transport.set_write_buffer_limits(low=0)
+        await wait_until(lambda: len(pair.server.data) == 101)
+        await asyncio.sleep(0.01)
+        calls = (proto.pause_writing_calls, proto.resume_writing_calls)
+        await pair.aclose()
+        return calls
+
+    assert run(loop, main()) == (1, 0)
+
+
+@SSLPROTO_311
+def test_tls_writelines_with_an_empty_item(loop, pki):
+    """An empty item of writelines() is nothing: what is written after it
+    goes out."""
+
+    async def main():
+        pair = await TlsPair.open(server_context(pki), client_context(pki))
+        pair.client_transport.writelines([b""])
+        await asyncio.sleep(0.01)
+        pair.client_transport.write(b"after")
+        await wait_until(lambda: len(pair.server.data) == 5)
+        data = bytes(pair.server.data)
+        await pair.aclose()
+        return data
+
+    assert run(loop, main()) == b"after"
+
+
+@SSLPROTO_311
+def test_tls_close_after_peer_eof_while_paused(loop, pki):
+    """The peer's EOF while reading is paused leaves the connection open
+    (flushing); close() then makes the transport closing, as asyncio's."""
+
+    async def main():
+        pair = await TlsPair.open(server_context(pki), client_context(pki))
+        tr = pair.client_transport
+        tr.pause_reading()
+        pair.server.transport.abort()
+        await asyncio.sleep(0.05)
+        before = tr.is_closing()
+        tr.close()
+        after = tr.is_closing()
+        await pair.aclose()
+        return before, after
+
+    assert run(loop, main()) == (False, True)
