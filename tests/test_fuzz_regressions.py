@@ -70,6 +70,55 @@ def test_writelines_to_lost_connection_counts_once(loop, caplog):
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
+
+def test_writelines_is_one_write(loop):
+    """writelines() is one write to asyncio (one send of the items joined up
+    to 3.11, one sendmsg after): the socket is tried for all of them at once,
+    so to a peer that has closed, a large item and a small one go out
+    together and the connection learns of the close only by reading."""
+
+    async def main():
+        pair = await TcpPair.open()
+        b = pair.server.transport
+        b.pause_reading()
+        pair.client.transport.close()
+        await asyncio.wait_for(pair.client.lost, 5)
+        await asyncio.sleep(0.01)
+        b.writelines([b"x" * 65537, b"y"])
+        await asyncio.sleep(0.05)
+        lost_early = pair.server.lost.done()
+        b.resume_reading()
+        exc = await asyncio.wait_for(pair.server.lost, 5)
+        await pair.aclose()
+        return lost_early, pair.server.eof.done(), exc
+
+    assert run(loop, main()) == (False, True, None)
+
+
+def test_write_pipe_reader_closed_with_data_left(loop):
+    """The reader closes while a write waits for room: the writer ends with
+    a bare BrokenPipeError() (asyncio sees it through its watch of the pipe,
+    polled before its writes)."""
+    import os
+
+    async def main():
+        rfd, wfd = os.pipe()
+        lost = loop.create_future()
+
+        class W(asyncio.Protocol):
+            def connection_lost(self, exc):
+                lost.set_result(exc)
+
+        rtr, _ = await loop.connect_read_pipe(asyncio.Protocol, os.fdopen(rfd, "rb", 0))
+        wtr, _ = await loop.connect_write_pipe(W, os.fdopen(wfd, "wb", 0))
+        rtr.close()
+        wtr.write(b"z" * 65537)
+        exc = await asyncio.wait_for(lost, 5)
+        return type(exc), exc.args
+
+    assert run(loop, main()) == (BrokenPipeError, ())
+
+
 pytest.importorskip("cryptography")
 from _tls_certs import make_pki  # noqa: E402
 from _tls_support import SSLPROTO_311, TLS12, TlsPair, client_context, server_context  # noqa: E402
@@ -153,3 +202,22 @@ def test_tls_close_after_peer_eof_while_paused(loop, pki):
         return before, after
 
     assert run(loop, main()) == (False, True)
+
+
+
+@SSLPROTO_311
+def test_tls_writes_after_close_warn_as_asyncio(loop, pki, caplog):
+    """connection_lost counts towards sslproto's 'SSL connection is closed'
+    warning, so the fifth write after the end logs it."""
+
+    async def main():
+        pair = await TlsPair.open(server_context(pki), client_context(pki))
+        pair.client_transport.close()
+        await asyncio.wait_for(pair.client.lost, 5)
+        for _ in range(5):
+            pair.client_transport.writelines([])
+        await pair.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        run(loop, main())
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == ["SSL connection is closed"]

@@ -335,7 +335,8 @@ class Run:
             got = bytes(self.protos[r].data)
             assert got == written[:len(got)], f"{w}->{r}: received bytes are not what was written"
             if (w in self.graceful_at and not (self.aborted & {w, r}) and r not in self.closed
-                    and not any(what[0] == "lost" and what[2] is not None for _, what in self.obs.get(w, ()))):
+                    and not any(what[0] == "lost" and what[2] is not None
+                                for end in (w, r) for _, what in self.obs.get(end, ()))):
                 assert len(got) >= self.graceful_at[w], (
                     f"{w}->{r}: {len(got)} of the {self.graceful_at[w]} bytes written before "
                     f"{w}'s close/write_eof arrived")

@@ -1086,6 +1086,9 @@ impl StreamCore {
             t.state = TlsState::Unwrapped;
             t.app_closed = true;
             t.backlog_bytes = 0;
+            // sslproto's connection_lost counts towards the warning about
+            // writes to a closed connection.
+            t.dropped_writes += 1;
             // sslproto's `self._outgoing.read()`.
             let n = t.session().output_len(py);
             t.session().consume_output(py, n);

@@ -267,10 +267,35 @@ impl StreamCore {
                 return self.write_data(py, item);
             }
         }
-        for item in &items {
-            self.write_data(py, item)?;
+        if self.dropping(py) || self.state.with(py, |st| st.sendfile_in_progress) {
+            for item in &items {
+                self.write_data(py, item)?;
+            }
+            return Ok(());
         }
-        Ok(())
+        // One write of all the items, as asyncio's (one send of the items
+        // joined up to 3.11, one sendmsg from 3.12): whether to try the
+        // socket at once is decided for them together.
+        let mut chunks = Vec::with_capacity(items.len());
+        for item in &items {
+            let (chunk, len) = to_chunk(item)?;
+            if len > 0 {
+                chunks.push((chunk, len));
+            }
+        }
+        self.enqueue_all(py, chunks)
+    }
+
+    /// A write failed with libuv's `code`. A pipe whose reader went away
+    /// (EPIPE) ends as asyncio's does: its watch of the pipe, polled before
+    /// its writes, sees the reader go and closes with a bare
+    /// BrokenPipeError() (data was left to write), unreported.
+    fn write_failed(&self, py: Python<'_>, code: i32) -> PyResult<()> {
+        if code == sys::uv_errno_t_UV_EPIPE && self.kind(py) == StreamKind::Pipe {
+            let exc = pyo3::exceptions::PyBrokenPipeError::new_err(()).into_value(py).into_any();
+            return self.force_close(py, Some(exc));
+        }
+        self.fatal_error(py, uv_error(code), self.msg_write_error(py))
     }
 
     /// Whether write() drops what it is given (see write_data).
@@ -283,12 +308,22 @@ impl StreamCore {
     /// Queues `chunk`; unless a write is in flight (its completion sends the
     /// queue), the transport asks to be flushed before the next poll.
     pub(super) fn enqueue_raw(&self, py: Python<'_>, chunk: Chunk, len: usize) -> PyResult<()> {
+        self.enqueue_all(py, vec![(chunk, len)])
+    }
+
+    /// Queues `chunks` as one write (see enqueue_raw).
+    fn enqueue_all(&self, py: Python<'_>, chunks: Vec<(Chunk, usize)>) -> PyResult<()> {
+        if chunks.is_empty() {
+            return Ok(());
+        }
         let running = self.shared().is_running(py);
         let (flush_now, ask, me) = self.state.with(py, |st| {
             let high = st.reader.socket_high_water(&st.base);
             let w = &mut st.writes;
-            w.queue.push_back(chunk);
-            w.queued_bytes += len;
+            for (chunk, len) in chunks {
+                w.queue.push_back(chunk);
+                w.queued_bytes += len;
+            }
             st.base.stats.buffered(w.size());
             if w.writing {
                 return (false, false, None);
@@ -348,7 +383,7 @@ impl StreamCore {
             }
             Err((code, dropped)) => {
                 drop(dropped);
-                self.fatal_error(py, uv_error(code), self.msg_write_error(py))
+                self.write_failed(py, code)
             }
         }
     }
@@ -408,7 +443,7 @@ impl StreamCore {
             None => Ok(()),
             Some((rc, req)) => {
                 drop(req);
-                self.fatal_error(py, uv_error(rc), self.msg_write_error(py))
+                self.write_failed(py, rc)
             }
         }
     }
@@ -480,7 +515,7 @@ impl StreamCore {
             return Ok(());
         }
         if status < 0 {
-            return self.fatal_error(py, uv_error(status), self.msg_write_error(py));
+            return self.write_failed(py, status);
         }
         self.submit(py)?;
         self.queue_shrank(py)?;
