@@ -221,3 +221,24 @@ def test_tls_writes_after_close_warn_as_asyncio(loop, pki, caplog):
     with caplog.at_level(logging.WARNING, logger="asyncio"):
         run(loop, main())
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == ["SSL connection is closed"]
+
+
+def test_write_pipe_writes_after_write_eof_warn_as_asyncio(loop, caplog):
+    """A write pipe's write_eof() (and close()) does not count towards the
+    warning about dropped writes: five writes after it log nothing."""
+    import os
+
+    async def main():
+        rfd, wfd = os.pipe()
+        rpipe = os.fdopen(rfd, "rb", 0)
+        wtr, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(wfd, "wb", 0))
+        wtr.write_eof()
+        for _ in range(5):
+            wtr.write(b"x")
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        rpipe.close()
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        run(loop, main())
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

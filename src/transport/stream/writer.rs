@@ -221,7 +221,11 @@ impl StreamCore {
             if st.base.conn_lost > 0 || st.handle.is_none() || (pipe && st.base.closing) {
                 // Dropped, as asyncio drops writes to a lost connection (and,
                 // for pipes, to a closing one), warning after a few.
-                let warn = st.base.conn_lost + st.dropped_writes >= LOG_THRESHOLD_FOR_CONNLOST_WRITES;
+                // (A pipe's close() and write_eof() do not count in asyncio,
+                // where only its errors and abort() do.)
+                let graceful = u32::from(pipe && st.closed_gracefully);
+                let warn = (st.base.conn_lost + st.dropped_writes).saturating_sub(graceful)
+                    >= LOG_THRESHOLD_FOR_CONNLOST_WRITES;
                 // conn_lost doubles as "connection_lost scheduled": count
                 // drops separately while that has not happened yet.
                 if st.base.conn_lost > 0 {
@@ -463,6 +467,7 @@ impl StreamCore {
         let lose = self.state.with(py, |st| {
             let lose = st.base.closing && st.base.conn_lost == 0;
             if lose {
+                st.closed_gracefully = true;
                 st.base.conn_lost += 1;
             }
             lose
