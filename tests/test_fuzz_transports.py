@@ -292,17 +292,17 @@ class Run:
                 tr.set_write_buffer_limits(high=op[1], low=op[2])
             elif name == "write_eof":
                 self.event(end, ("can_write_eof", tr.can_write_eof()))
+                self.note_graceful(end, tr)
                 tr.write_eof()
-                self.graceful_at.setdefault(end, len(self.written.setdefault(end, bytearray())))
             elif name == "close":
                 if self.kind.startswith("tls") and tr.is_closing():
                     # A second close() of asyncio's TLS transport drops its
                     # SSLProtocol: every method fails with AttributeError
                     # from then on (docs/compatibility.md).
                     return
+                self.note_graceful(end, tr)
                 tr.close()
                 self.closed.add(end)
-                self.graceful_at.setdefault(end, len(self.written.setdefault(end, bytearray())))
             elif name == "abort":
                 if end == "w" and tr.is_closing():
                     # asyncio's write pipe fails from its own internals then
@@ -321,6 +321,14 @@ class Run:
         except Exception as exc:  # noqa: BLE001
             self.event(end, ("raised", name, type(exc).__name__, str(exc)))
 
+    def note_graceful(self, end, tr):
+        """The first close()/write_eof() of a transport not yet closing (one
+        that eof_received's answer closed has dropped later writes)."""
+        if end not in self.graceful_at and not tr.is_closing():
+            self.graceful_at[end] = len(self.written.setdefault(end, bytearray()))
+        elif end not in self.graceful_at:
+            self.graceful_at[end] = None
+
     # -- the checks each loop must pass by itself ----------------------------------------------
 
     def check_delivery(self, pairs):
@@ -334,7 +342,7 @@ class Run:
             written = bytes(self.written.get(w, b""))
             got = bytes(self.protos[r].data)
             assert got == written[:len(got)], f"{w}->{r}: received bytes are not what was written"
-            if (w in self.graceful_at and not (self.aborted & {w, r}) and r not in self.closed
+            if (self.graceful_at.get(w) is not None and not (self.aborted & {w, r}) and r not in self.closed
                     and not any(what[0] == "lost" and what[2] is not None
                                 for end in (w, r) for _, what in self.obs.get(end, ()))):
                 assert len(got) >= self.graceful_at[w], (
