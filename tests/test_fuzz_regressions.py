@@ -223,16 +223,17 @@ def test_tls_writes_after_close_warn_as_asyncio(loop, pki, caplog):
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == ["SSL connection is closed"]
 
 
-def test_write_pipe_writes_after_write_eof_warn_as_asyncio(loop, caplog):
-    """A write pipe's write_eof() (and close()) does not count towards the
-    warning about dropped writes: five writes after it log nothing."""
+@pytest.mark.parametrize("end", ["write_eof", "abort"])
+def test_write_pipe_writes_after_the_end_warn_as_asyncio(loop, caplog, end):
+    """A write pipe's write_eof() (close()) or abort() does not count towards
+    the warning about dropped writes: five writes after it log nothing."""
     import os
 
     async def main():
         rfd, wfd = os.pipe()
         rpipe = os.fdopen(rfd, "rb", 0)
         wtr, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(wfd, "wb", 0))
-        wtr.write_eof()
+        getattr(wtr, end)()
         for _ in range(5):
             wtr.write(b"x")
             await asyncio.sleep(0)

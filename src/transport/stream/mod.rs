@@ -114,8 +114,8 @@ pub(crate) struct StreamState {
     sendfile_in_progress: bool,
     /// Writes dropped before connection_lost was scheduled (pipes).
     dropped_writes: u32,
-    /// connection_lost was scheduled by close() once the buffer was out.
-    closed_gracefully: bool,
+    /// The connection ended because a write failed.
+    write_failed: bool,
     /// Native code that takes the reads meant for one protocol (sink.rs).
     sink: Option<Sink>,
 }
@@ -279,7 +279,6 @@ impl StreamCore {
         let lose = self.state.with(py, |st| {
             let idle = st.writes.is_idle();
             if idle {
-                st.closed_gracefully = true;
                 st.base.conn_lost += 1;
             }
             idle
@@ -368,7 +367,7 @@ impl StreamCore {
                     drain_waiter: None,
                     sendfile_in_progress: false,
                     dropped_writes: 0,
-                    closed_gracefully: false,
+                    write_failed: false,
                     sink: None,
                 }),
             },

@@ -221,9 +221,10 @@ impl StreamCore {
             if st.base.conn_lost > 0 || st.handle.is_none() || (pipe && st.base.closing) {
                 // Dropped, as asyncio drops writes to a lost connection (and,
                 // for pipes, to a closing one), warning after a few.
-                // (A pipe's close() and write_eof() do not count in asyncio,
-                // where only its errors and abort() do.)
-                let graceful = u32::from(pipe && st.closed_gracefully);
+                // (A pipe's end counts in asyncio only when a write failed:
+                // not after close(), write_eof(), abort() or its reader
+                // going away.)
+                let graceful = u32::from(pipe && st.base.conn_lost > 0 && !st.write_failed);
                 let warn = (st.base.conn_lost + st.dropped_writes).saturating_sub(graceful)
                     >= LOG_THRESHOLD_FOR_CONNLOST_WRITES;
                 // conn_lost doubles as "connection_lost scheduled": count
@@ -299,6 +300,7 @@ impl StreamCore {
             let exc = pyo3::exceptions::PyBrokenPipeError::new_err(()).into_value(py).into_any();
             return self.force_close(py, Some(exc));
         }
+        self.state.with(py, |st| st.write_failed = true);
         self.fatal_error(py, uv_error(code), self.msg_write_error(py))
     }
 
@@ -467,7 +469,6 @@ impl StreamCore {
         let lose = self.state.with(py, |st| {
             let lose = st.base.closing && st.base.conn_lost == 0;
             if lose {
-                st.closed_gracefully = true;
                 st.base.conn_lost += 1;
             }
             lose
