@@ -11,8 +11,9 @@
 # plugins the integrations are tested with (gunicorn and its uvicorn worker,
 # hypercorn, pytest-asyncio, pytest-aiohttp, anyio's plugin), redis-py and
 # hiredis (the redis benchmarks' client and its parser), prometheus_client
-# (whose text parser checks zuvrs.stats.prometheus), and ruff and mypy for
-# tools/lint.sh.
+# (whose text parser checks zuvrs.stats.prometheus), hypothesis (the
+# differential transport fuzzer, tests/test_fuzz_transports.py), and ruff and
+# mypy for tools/lint.sh.
 #
 # ZUVRS_SETUP_RSLOOP=1 also installs rsloop 0.1.66, one of the loops the
 # benchmarks compare with: it has no wheel for this Python, and its sdist
@@ -41,7 +42,7 @@ echo "== installing Python packages"
     "maturin>=1.5,<2" "pytest>=7" "pytest-codspeed>=3" uvloop rloop \
     uvicorn httptools httpx aiohttp websockets cryptography \
     gunicorn uvicorn-worker hypercorn pytest-asyncio pytest-aiohttp anyio \
-    redis hiredis ruff mypy typing-extensions prometheus_client
+    redis hiredis ruff mypy typing-extensions prometheus_client hypothesis
 
 if [ "${ZUVRS_SETUP_RSLOOP:-0}" = 1 ] && ! .venv/bin/python -c "import rsloop" 2>/dev/null; then
     echo "== building rsloop 0.1.66 (nightly toolchain, about 5 minutes)"

@@ -27,7 +27,7 @@ use pyo3::exceptions::{PyConnectionError, PyRuntimeError};
 use pyo3::prelude::*;
 
 use crate::cell::NativeCell;
-use crate::errors::{is_fatal_base, uv_error};
+use crate::errors::{is_fatal_base, os_error, uv_error};
 use crate::eventloop::{ClientPtr, LoopClient, LoopCore, LoopShared};
 use crate::python;
 use crate::transport::base::{self, CoreBox, HasBase, Transport, TransportBase};
@@ -114,6 +114,8 @@ pub(crate) struct StreamState {
     sendfile_in_progress: bool,
     /// Writes dropped before connection_lost was scheduled (pipes).
     dropped_writes: u32,
+    /// The connection ended because a write failed.
+    write_failed: bool,
     /// Native code that takes the reads meant for one protocol (sink.rs).
     sink: Option<Sink>,
 }
@@ -365,6 +367,7 @@ impl StreamCore {
                     drain_waiter: None,
                     sendfile_in_progress: false,
                     dropped_writes: 0,
+                    write_failed: false,
                     sink: None,
                 }),
             },
@@ -462,13 +465,24 @@ impl StreamCore {
         if self.is_tls(py) {
             return Err(self.tls_write_eof());
         }
+        if self.state.with(py, |st| st.base.closing || st.eof) {
+            return Ok(());
+        }
+        // asyncio's write() has tried the socket already: offer it what this
+        // turn wrote, so that EOF goes out now when nothing is left, and a
+        // failure is the connection's before write_eof() as there.
+        if self.state.with(py, |st| st.base.conn_lost == 0 && !st.writes.writing() && st.writes.has_queued()) {
+            self.flush(py)?;
+        }
         let send = self.state.with(py, |st| {
             let send = !st.base.closing && !st.eof;
             st.eof |= send;
             send
         });
         if send {
-            self.maybe_shutdown(py);
+            if let Some(errno) = self.maybe_shutdown(py) {
+                return Err(os_error(errno));
+            }
         }
         Ok(())
     }

@@ -666,7 +666,9 @@ impl StreamCore {
                 let high = st.base.high_water;
                 let Reader::Tls(t) = &mut st.reader else { return None };
                 let was_empty = t.backlog.is_empty();
-                for (chunk, len) in chunks {
+                // (An empty item is nothing to encrypt: in the backlog it
+                // would stop the encryption of everything behind it.)
+                for (chunk, len) in chunks.into_iter().filter(|(_, len)| *len > 0) {
                     t.backlog.push_back(chunk);
                     t.backlog_bytes += len;
                 }
@@ -926,6 +928,9 @@ impl StreamCore {
     /// `set_write_buffer_limits` (checked in Python): sslproto's new marks,
     /// then `_control_app_writing`.
     pub(super) fn tls_set_water_marks(&self, py: Python<'_>, high: usize, low: usize) -> PyResult<()> {
+        // sslproto compares the marks with what its write() left: this
+        // turn's writes encrypted, as there.
+        self.tls_write_backlog_now(py)?;
         self.state.with(py, |st| {
             st.base.high_water = high;
             st.base.low_water = low;
@@ -1042,9 +1047,11 @@ impl StreamCore {
     /// The application's close(): the TLS shutdown (a second close() is a
     /// no-op).
     pub(super) fn tls_close(&self, py: Python<'_>) -> PyResult<()> {
-        if self.with_tls_state(py, |t| t.app_closed) == Some(true) {
+        if self.with_tls_state(py, |t| std::mem::replace(&mut t.app_closed, true)) != Some(false) {
             return Ok(());
         }
+        // The transport is closed whatever the state (asyncio's close() sets
+        // `_closed` itself): also after the peer's EOF left it flushing.
         self.tls_start_shutdown(py)
     }
 
@@ -1057,6 +1064,9 @@ impl StreamCore {
 
     /// The application's abort().
     pub(super) fn tls_app_abort(&self, py: Python<'_>) -> PyResult<()> {
+        // sslproto encrypted this turn's writes in write() and its socket
+        // transport offered them to the kernel, which abort() leaves sent.
+        self.tls_write_backlog_now(py)?;
         self.with_tls_state(py, |t| t.app_closed = true);
         self.tls_abort(py)
     }
@@ -1076,6 +1086,9 @@ impl StreamCore {
             t.state = TlsState::Unwrapped;
             t.app_closed = true;
             t.backlog_bytes = 0;
+            // sslproto's connection_lost counts towards the warning about
+            // writes to a closed connection.
+            t.dropped_writes += 1;
             // sslproto's `self._outgoing.read()`.
             let n = t.session().output_len(py);
             t.session().consume_output(py, n);

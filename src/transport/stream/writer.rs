@@ -20,7 +20,7 @@ use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
 use smallvec::SmallVec;
 
 use super::{StreamCore, StreamKind};
-use crate::errors::uv_error;
+use crate::errors::{last_errno, uv_error};
 use crate::eventloop::ClientPtr;
 use crate::python;
 use crate::transport::base::{Transport, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
@@ -221,7 +221,12 @@ impl StreamCore {
             if st.base.conn_lost > 0 || st.handle.is_none() || (pipe && st.base.closing) {
                 // Dropped, as asyncio drops writes to a lost connection (and,
                 // for pipes, to a closing one), warning after a few.
-                let warn = st.base.conn_lost + st.dropped_writes >= LOG_THRESHOLD_FOR_CONNLOST_WRITES;
+                // (A pipe's end counts in asyncio only when a write failed:
+                // not after close(), write_eof(), abort() or its reader
+                // going away.)
+                let graceful = u32::from(pipe && st.base.conn_lost > 0 && !st.write_failed);
+                let warn = (st.base.conn_lost + st.dropped_writes).saturating_sub(graceful)
+                    >= LOG_THRESHOLD_FOR_CONNLOST_WRITES;
                 // conn_lost doubles as "connection_lost scheduled": count
                 // drops separately while that has not happened yet.
                 if st.base.conn_lost > 0 {
@@ -254,24 +259,77 @@ impl StreamCore {
             return Err(PyRuntimeError::new_err("Cannot call write() after write_eof()"));
         }
         let items: Vec<Bound<'_, PyAny>> = list_of_data.try_iter()?.collect::<PyResult<_>>()?;
+        let mut total = 0;
         for item in &items {
-            to_chunk(item)?;
+            total += to_chunk(item)?.1;
         }
+        // Up to 3.11 asyncio's writelines() is one write() of the items
+        // joined (pipes' on every version): to a lost connection that is one
+        // dropped write, counted once towards the warning.
+        let joined = self.state.with(py, |st| st.kind == StreamKind::Pipe) || !cfg!(Py_3_12);
+        if joined && total > 0 && self.dropping(py) {
+            if let Some(item) = items.iter().find(|item| item.len().is_ok_and(|n| n > 0)) {
+                return self.write_data(py, item);
+            }
+        }
+        if self.dropping(py) || self.state.with(py, |st| st.sendfile_in_progress) {
+            for item in &items {
+                self.write_data(py, item)?;
+            }
+            return Ok(());
+        }
+        // One write of all the items, as asyncio's (one send of the items
+        // joined up to 3.11, one sendmsg from 3.12): whether to try the
+        // socket at once is decided for them together.
+        let mut chunks = Vec::with_capacity(items.len());
         for item in &items {
-            self.write_data(py, item)?;
+            let (chunk, len) = to_chunk(item)?;
+            if len > 0 {
+                chunks.push((chunk, len));
+            }
         }
-        Ok(())
+        self.enqueue_all(py, chunks)
+    }
+
+    /// A write failed with libuv's `code`. A pipe whose reader went away
+    /// (EPIPE) ends as asyncio's does: its watch of the pipe, polled before
+    /// its writes, sees the reader go and closes with a bare
+    /// BrokenPipeError() (data was left to write), unreported.
+    fn write_failed(&self, py: Python<'_>, code: i32) -> PyResult<()> {
+        if code == sys::uv_errno_t_UV_EPIPE && self.kind(py) == StreamKind::Pipe {
+            let exc = pyo3::exceptions::PyBrokenPipeError::new_err(()).into_value(py).into_any();
+            return self.force_close(py, Some(exc));
+        }
+        self.state.with(py, |st| st.write_failed = true);
+        self.fatal_error(py, uv_error(code), self.msg_write_error(py))
+    }
+
+    /// Whether write() drops what it is given (see write_data).
+    fn dropping(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| {
+            st.base.conn_lost > 0 || st.handle.is_none() || (st.kind == StreamKind::Pipe && st.base.closing)
+        })
     }
 
     /// Queues `chunk`; unless a write is in flight (its completion sends the
     /// queue), the transport asks to be flushed before the next poll.
     pub(super) fn enqueue_raw(&self, py: Python<'_>, chunk: Chunk, len: usize) -> PyResult<()> {
+        self.enqueue_all(py, vec![(chunk, len)])
+    }
+
+    /// Queues `chunks` as one write (see enqueue_raw).
+    fn enqueue_all(&self, py: Python<'_>, chunks: Vec<(Chunk, usize)>) -> PyResult<()> {
+        if chunks.is_empty() {
+            return Ok(());
+        }
         let running = self.shared().is_running(py);
         let (flush_now, ask, me) = self.state.with(py, |st| {
             let high = st.reader.socket_high_water(&st.base);
             let w = &mut st.writes;
-            w.queue.push_back(chunk);
-            w.queued_bytes += len;
+            for (chunk, len) in chunks {
+                w.queue.push_back(chunk);
+                w.queued_bytes += len;
+            }
             st.base.stats.buffered(w.size());
             if w.writing {
                 return (false, false, None);
@@ -331,7 +389,7 @@ impl StreamCore {
             }
             Err((code, dropped)) => {
                 drop(dropped);
-                self.fatal_error(py, uv_error(code), self.msg_write_error(py))
+                self.write_failed(py, code)
             }
         }
     }
@@ -391,7 +449,7 @@ impl StreamCore {
             None => Ok(()),
             Some((rc, req)) => {
                 drop(req);
-                self.fatal_error(py, uv_error(rc), self.msg_write_error(py))
+                self.write_failed(py, rc)
             }
         }
     }
@@ -418,27 +476,34 @@ impl StreamCore {
         if lose {
             return self.schedule_connection_lost(py, None);
         }
+        // (An error here is asyncio's failing _write_ready: not reported.)
         self.maybe_shutdown(py);
         Ok(())
     }
 
-    /// Sends EOF (shutdown of the write side) once nothing is left to write.
-    pub(super) fn maybe_shutdown(&self, py: Python<'_>) {
+    /// Sends EOF (shutdown of the write side) once nothing is left to write:
+    /// `shutdown(2)` at once, as asyncio's `sock.shutdown(SHUT_WR)`, so an
+    /// error reaches write_eof()'s caller as there (the errno of a failure;
+    /// after a drain asyncio's callback would fail, which is not copied).
+    pub(super) fn maybe_shutdown(&self, py: Python<'_>) -> Option<i32> {
         self.state.with(py, |st| {
             if !st.eof || st.shutdown_sent || !st.writes.is_idle() {
-                return;
+                return None;
             }
-            let Some(stream) = st.stream_ptr() else { return };
+            let stream = st.stream_ptr()?;
             st.shutdown_sent = true;
-            // SAFETY: plain C data, initialised by uv_shutdown.
-            let req = Box::into_raw(Box::new(unsafe { MaybeUninit::<sys::uv_shutdown_t>::zeroed().assume_init() }));
-            // SAFETY: the stream is open; the request is freed by on_shutdown
-            // or below.
-            let rc = unsafe { sys::uv_shutdown(req, stream, Some(on_shutdown)) };
-            if rc < 0 {
-                // SAFETY: libuv refused the request: it is still ours.
-                drop(unsafe { Box::from_raw(req) });
+            let mut fd: sys::uv_os_fd_t = -1;
+            // SAFETY: the stream is open; uv_fileno only reads its fd.
+            if unsafe { sys::uv_fileno(stream as *const sys::uv_handle_t, &mut fd) } < 0 {
+                return None;
             }
+            // SAFETY: a plain system call on the stream's own socket; libuv
+            // has nothing in flight on it (the queue is idle) and only reads
+            // from it from now on.
+            if unsafe { libc::shutdown(fd, libc::SHUT_WR) } < 0 {
+                return Some(last_errno());
+            }
+            None
         })
     }
 
@@ -456,7 +521,7 @@ impl StreamCore {
             return Ok(());
         }
         if status < 0 {
-            return self.fatal_error(py, uv_error(status), self.msg_write_error(py));
+            return self.write_failed(py, status);
         }
         self.submit(py)?;
         self.queue_shrank(py)?;
@@ -478,9 +543,4 @@ unsafe extern "C" fn on_write(req: *mut sys::uv_write_t, status: i32) {
             core.fail_in_callback(py, err);
         }
     }
-}
-
-unsafe extern "C" fn on_shutdown(req: *mut sys::uv_shutdown_t, _status: i32) {
-    // SAFETY: the request came from maybe_shutdown.
-    unsafe { drop(Box::from_raw(req)) };
 }
