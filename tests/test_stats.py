@@ -462,8 +462,18 @@ def test_pauses_are_timed(timed_loop):
             def pause_writing(self):
                 paused.set_result(None)
 
-        srv = await loop.create_server(Slow, "127.0.0.1", 0)
-        transport, _ = await loop.create_connection(Writer, *srv.sockets[0].getsockname()[:2])
+        # Small kernel buffers on both ends, so the 4 MB cannot all be taken
+        # at once whatever the machine's TCP memory settings (the accepted
+        # socket inherits the listener's receive buffer).
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        listener.bind(("127.0.0.1", 0))
+        srv = await loop.create_server(Slow, sock=listener)
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        client.setblocking(False)
+        await loop.sock_connect(client, listener.getsockname())
+        transport, _ = await loop.create_connection(Writer, sock=client)
         await asyncio.wait_for(paused, TIMEOUT)
         await asyncio.sleep(0.1)
         figures = transport.get_extra_info("zuvrs_stats")
