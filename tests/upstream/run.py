@@ -204,6 +204,10 @@ def log(msg):
     print(msg, flush=True)
 
 
+SANITIZER_ENV = ("LD_PRELOAD", "PYTHONMALLOC", "ASAN_OPTIONS", "ASAN_SYMBOLIZER_PATH", "UBSAN_OPTIONS",
+                 "UBSAN_SYMBOLIZER_PATH")
+
+
 def clean_env(extra=None):
     """The children's whole environment: nothing inherited."""
     home = os.path.join(CACHE, "home")
@@ -221,6 +225,11 @@ def clean_env(extra=None):
         "PYTHONNOUSERSITE": "1",
         "PYTHONFAULTHANDLER": "1",
     }
+    # A sanitized run (tools/sanitize.sh --upstream) keeps its runtime and
+    # options in the children, where zuvrs runs.
+    for name in SANITIZER_ENV:
+        if name in os.environ:
+            env[name] = os.environ[name]
     if NATIVE_STREAMS:
         # The harness plugin calls zuvrs.streams.install() (it acts on zuvrs loops only).
         env["ZUVRS_UPSTREAM_NATIVE_STREAMS"] = "1"
