@@ -11,7 +11,6 @@ close, add_reader/add_writer argument handling and signals.
 
 import asyncio
 import errno
-import itertools
 import os
 import signal
 import socket
@@ -21,7 +20,7 @@ import weakref
 from asyncio import coroutines, events, format_helpers
 from asyncio.log import logger
 
-from . import _zuvrs
+from . import _loop_registry, _zuvrs
 from ._all_errors import AllErrorsMixin
 from ._network import NetworkMixin
 from ._process import ChildReaper
@@ -85,20 +84,6 @@ def _is_loop_wakeup_fd(fd):
 _TASK_TYPES = tuple({asyncio.Task, getattr(asyncio.tasks, "_PyTask", asyncio.Task)})
 
 
-def _stats_from_environment():
-    value = os.environ.get("ZUVRS_STATS", "").strip().lower()
-    return value not in ("", "0", "no", "off", "false")
-
-
-# Whether new loops time their turns by default (zuvrs.stats.enable() sets
-# it), and the live loops with their numbers, for zuvrs.stats. They are
-# here, not in zuvrs.stats, so that importing zuvrs does not import that
-# module (its dataclasses cost milliseconds of start-up).
-_stats_default = _stats_from_environment()
-_live_loops: "weakref.WeakKeyDictionary[Loop, int]" = weakref.WeakKeyDictionary()
-_loop_numbers = itertools.count(1)
-
-
 class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop):
     """A libuv event loop implementing asyncio.AbstractEventLoop.
 
@@ -108,8 +93,8 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
 
     def __init__(self, *, stats=None):
         asyncio.BaseEventLoop.__init__(self)
-        self._stats_on = _stats_default if stats is None else bool(stats)
-        _live_loops[self] = next(_loop_numbers)
+        self._stats_on = _loop_registry.registry.stats_default if stats is None else bool(stats)
+        _loop_registry.register(self)
         self._signal_handlers = {}
         # Socket pair whose write end is the signal wakeup fd; created lazily.
         self._wakeup_r = self._wakeup_w = None

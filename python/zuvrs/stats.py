@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Union
 
-from . import _loop
+from . import _loop_registry
 
 __all__ = (
     "LoopStats",
@@ -45,22 +45,22 @@ def enable(on: bool = True) -> None:
     """Make loops created from now on time their turns (or not, with False):
     the default of ``zuvrs.new_event_loop(stats=None)``. The environment
     variable ``ZUVRS_STATS=1`` sets it at import."""
-    _loop._stats_default = bool(on)
+    _loop_registry.registry.stats_default = bool(on)
 
 
 def enabled() -> bool:
     """Whether new loops time their turns unless told otherwise."""
-    return bool(_loop._stats_default)
+    return bool(_loop_registry.registry.stats_default)
 
 
 def loops() -> list[Any]:
     """The zuvrs loops of this process that are not closed, oldest first."""
-    live = sorted(_loop._live_loops.items(), key=lambda kv: kv[1])
+    live = sorted(_loop_registry.live_loops.items(), key=lambda kv: kv[1])
     return [loop for loop, _ in live if not loop.is_closed()]
 
 
 def _number(loop: Any) -> str:
-    return str(_loop._live_loops.get(loop, 0))
+    return str(_loop_registry.live_loops.get(loop, 0))
 
 
 @dataclass(frozen=True)
