@@ -1,8 +1,9 @@
 //! zuvrs: a libuv-backed asyncio event loop.
 //!
 //! The layers, each depending only on those above it in this list:
-//! - `uv`, `errors`, `cell`, `python`: the edges (libuv, errno, the native
-//!   state accessor, the Python objects and methods Rust uses)
+//! - `uv`, `os`, `capi`, `errors`, `cell`, `python`: the edges (libuv, libc,
+//!   CPython's C API, errno, the native state accessor, the Python objects
+//!   and methods Rust uses)
 //! - `handles`: scheduled callbacks, their contexts and allocation
 //! - `eventloop`: the loop, its turn, timers, fd watchers and fast methods
 //! - `net`: socket addresses, name resolution, TCP set-up
@@ -12,11 +13,13 @@
 //!
 //! and this file, the `_zuvrs` module.
 
+mod capi;
 mod cell;
 mod errors;
 mod eventloop;
 mod handles;
 mod net;
+mod os;
 mod python;
 mod streams;
 mod tls;

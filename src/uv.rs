@@ -238,3 +238,15 @@ pub(crate) fn version() -> (u32, u32, u32) {
     let v = unsafe { sys::uv_version() };
     ((v >> 16) & 0xff, (v >> 8) & 0xff, v & 0xff)
 }
+
+// ---- section: loop handles: async, prepare, timer, poll, signal (eventloop) ----
+
+// ---- end of section: eventloop ----
+
+// ---- section: streams, TCP, pipes, UDP, writes, shutdown (transport) ----
+
+// ---- end of section: transport ----
+
+// ---- section: name resolution requests (net) ----
+
+// ---- end of section: net ----
