@@ -85,6 +85,17 @@ impl<T> NativeCell<T> {
         f(unsafe { &*self.value.get() })
     }
 
+    /// `peek` for `__traverse__`: the `PyVisit` a traversal is given proves
+    /// that the cyclic GC runs it, with the GIL held; `f` gets a shared view
+    /// it can only read through.
+    #[inline]
+    pub(crate) fn traverse<R>(&self, _visit: &pyo3::PyVisit<'_>, f: impl FnOnce(&T) -> R) -> R {
+        // SAFETY: as for `peek`: the GIL is held, and a closure of `with`
+        // that allocated and so set off the collection is suspended inside
+        // CPython and touches nothing meanwhile.
+        unsafe { self.peek(f) }
+    }
+
     /// The state of a cell its owner holds exclusively (Drop).
     pub(crate) fn get_mut(&mut self) -> &mut T {
         self.value.get_mut()

@@ -16,3 +16,28 @@
 // ---- section: datagram and stream sockets (transport) ----
 
 // ---- end of section: transport ----
+
+// ---- section: searching bytes (streams) ----
+
+/// Where `needle` first occurs in `hay` (libc's memchr for one byte,
+/// memmem for more): several times faster than a byte loop on long lines.
+pub(crate) fn find_bytes(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return Some(0);
+    }
+    if hay.len() < needle.len() {
+        return None;
+    }
+    // SAFETY: both are live slices of the lengths given; the result is null
+    // or points into `hay`.
+    let at = unsafe {
+        if needle.len() == 1 {
+            libc::memchr(hay.as_ptr().cast(), needle[0] as i32, hay.len()) as *const u8
+        } else {
+            libc::memmem(hay.as_ptr().cast(), hay.len(), needle.as_ptr().cast(), needle.len()) as *const u8
+        }
+    };
+    (!at.is_null()).then(|| at as usize - hay.as_ptr() as usize)
+}
+
+// ---- end of section: streams ----

@@ -33,8 +33,10 @@ def streams(request):
 # -- feed scripts --------------------------------------------------------------
 
 
-def _outcome(task, reader):
-    """What a finished read did, and what it left behind."""
+def _outcome(task, reader, peek=True):
+    """What a finished read did, and what it left behind (the buffer's
+    contents only if `peek`: looking at `_buffer` makes the native reader
+    keep its bytes in that bytearray for the while)."""
     if task.cancelled():
         result = ("cancelled",)
     else:
@@ -51,12 +53,13 @@ def _outcome(task, reader):
                 getattr(exc, "consumed", None),
                 type(exc.__context__).__name__ if exc.__context__ is not None else None,
             )
-    return result + (bytes(reader._buffer), reader.at_eof(), reader._waiter is None)
+    contents = bytes(reader._buffer) if peek else None
+    return result + (contents, reader.at_eof(), reader._waiter is None)
 
 
-async def _play(reader_cls, script, limit):
+async def _play(reader_cls, script, limit, peek=True):
     """Runs `script` against a reader of `reader_cls`; returns the record of
-    everything observable after each step."""
+    everything observable after each step (the buffer only if `peek`)."""
     loop = asyncio.get_running_loop()
     reader = reader_cls(limit=limit, loop=loop)
     record = []
@@ -69,7 +72,7 @@ async def _play(reader_cls, script, limit):
     def note_pending():
         nonlocal pending
         if pending is not None and pending.done():
-            record.append(("done",) + _outcome(pending, reader))
+            record.append(("done",) + _outcome(pending, reader, peek))
             pending = None
 
     for step in script:
@@ -77,7 +80,7 @@ async def _play(reader_cls, script, limit):
         if op == "feed":
             try:
                 reader.feed_data(args[0])
-                record.append(("fed", bytes(reader._buffer)))
+                record.append(("fed", bytes(reader._buffer) if peek else None))
             except AssertionError as exc:
                 record.append(("feed failed", str(exc)))
         elif op == "eof":
@@ -90,19 +93,20 @@ async def _play(reader_cls, script, limit):
             if pending is not None:
                 pending.cancel()
         elif op == "state":
-            record.append(("state", bytes(reader._buffer), reader.at_eof(), type(reader.exception()).__name__))
+            contents = bytes(reader._buffer) if peek else None
+            record.append(("state", contents, reader.at_eof(), type(reader.exception()).__name__))
         else:
             method = {"anext": reader.__anext__}.get(op) or getattr(reader, op)
             task = asyncio.ensure_future(method(*args))
             await settle()
             if task.done():
-                record.append((op,) + _outcome(task, reader))
+                record.append((op,) + _outcome(task, reader, peek))
             elif pending is None:
                 pending = task
                 record.append((op, "waiting"))
             else:
                 # A second read while one waits: asyncio's RuntimeError.
-                record.append((op, "concurrent", _outcome(task, reader) if task.done() else "still waiting"))
+                record.append((op, "concurrent", _outcome(task, reader, peek) if task.done() else "still waiting"))
                 task.cancel()
                 await settle()
         await settle()
@@ -115,10 +119,12 @@ async def _play(reader_cls, script, limit):
 
 
 def _compare(loop, script, limit=10):
-    expected = run(loop, _play(asyncio.StreamReader, script, limit))
-    got = run(loop, _play(zs.StreamReader, script, limit))
-    assert got == expected, f"script {script!r}"
-    return expected
+    # Twice: looking at the buffer after every step, and never (the native
+    # reader keeps its bytes natively until `_buffer` is asked for).
+    for peek in (True, False):
+        expected = run(loop, _play(asyncio.StreamReader, script, limit, peek))
+        got = run(loop, _play(zs.StreamReader, script, limit, peek))
+        assert got == expected, f"script {script!r}, peek={peek}"
 
 
 SCRIPTS = [
@@ -344,6 +350,52 @@ def test_buffer_identity_and_outside_changes(loop, streams):
         assert await reader.readline() == b"replaced\n"
 
     run(loop, main())
+
+
+def test_buffer_held_then_let_go(loop, streams):
+    """A `_buffer` Python code holds is the buffer; once let go, reads and
+    feeds go on with the same contents."""
+
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        reader.feed_data(b"one\ntw")
+        held = reader._buffer
+        held.extend(b"o\nthree")
+        assert await reader.readline() == b"one\n"
+        assert held == b"two\nthree" and held is reader._buffer
+        del held
+        gc.collect()
+        reader.feed_data(b"\nfour")
+        assert await reader.readline() == b"two\n"
+        assert await reader.readline() == b"three\n"
+        pending = asyncio.ensure_future(reader.readexactly(6))
+        await asyncio.sleep(0)
+        assert bytes(reader._buffer) == b"four"
+        reader.feed_data(b"56")
+        assert await pending == b"four56"
+        assert len(reader._buffer) == 0
+        reader.feed_data(b"x" * 100_000)
+        assert await reader.read(100_000) == b"x" * 100_000
+        reader.feed_data(b"tail")
+        reader.feed_eof()
+        assert await reader.read() == b"tail" and reader.at_eof()
+
+    run(loop, main())
+
+
+def test_feed_data_of_ints_as_asyncio(loop, streams):
+    """feed_data of an iterable of ints extends the buffer as bytearray
+    would; other objects get bytearray's TypeError."""
+
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        reader.feed_data([104, 105, 10])
+        assert await reader.readline() == b"hi\n"
+        with pytest.raises(TypeError):
+            reader.feed_data(3.5)
+        return bytes(reader._buffer)
+
+    assert run(loop, main()) == b""
 
 
 class _RecordingTransport(asyncio.Transport):

@@ -5,6 +5,8 @@
 //!
 //! - reader.rs: `ReaderCore`, a StreamReader's buffer, limit, EOF,
 //!   exception and waiter, and `feed_data` and friends
+//! - buffer.rs: `ReadBuffer`, the reader's bytes (a `Vec`, or the
+//!   `bytearray` Python code was given as `_buffer`)
 //! - ops.rs: the awaitables the reads return (`StreamRead`), and the
 //!   already complete one a drain with nothing to wait for returns
 //! - writer.rs: `WriterCore`, write and writelines straight to the
@@ -14,6 +16,7 @@
 //! the reader the sink of its protocol's reads (transport/stream/sink.rs).
 //! This layer sits above the transports.
 
+mod buffer;
 mod ops;
 mod reader;
 mod writer;

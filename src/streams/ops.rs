@@ -14,17 +14,18 @@
 //! does), and looks at the buffer again when the task resumes it.
 //!
 //! The interpreter resumes an awaited op through `tp_iternext` (3.12+) or
-//! `am_send` (3.10, 3.11); `install_slots` gives both the C entry points
-//! below, which answer without making an exception object when the result is
-//! None or a yielded future.
+//! `am_send` (3.10, 3.11); `install_slots` gives both types the C entry
+//! points of capi.rs (`Resumable`), which answer without making an
+//! exception object when the result is None or a yielded future.
 
 use pyo3::exceptions::{PyRuntimeError, PyStopAsyncIteration, PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple, PyType};
-use pyo3::{ffi, PyTraverseError, PyVisit};
+use pyo3::{PyTraverseError, PyVisit};
 use smallvec::SmallVec;
 
 use super::reader::ReaderCore;
+use crate::capi::{install_resume_slots, Resumable, Resumed};
 use crate::cell::NativeCell;
 use crate::python;
 
@@ -308,7 +309,7 @@ fn attempt(py: Python<'_>, reader: &ReaderCore, kind: &mut Kind) -> PyResult<Att
                 *waited = true;
                 return Ok(Attempt::Wait("read"));
             }
-            let data = reader.state.with(py, |st| st.take_front(py, *n))?;
+            let data = reader.state.with(py, |st| st.buffer.take_front(py, *n))?;
             reader.maybe_resume_transport(py)?;
             Ok(Attempt::Return(data.into_any().unbind()))
         }
@@ -322,7 +323,7 @@ fn attempt(py: Python<'_>, reader: &ReaderCore, kind: &mut Kind) -> PyResult<Att
                 }
             }
             *waited = false;
-            let block = reader.state.with(py, |st| st.take_front(py, st.limit.max(0) as usize))?;
+            let block = reader.state.with(py, |st| st.buffer.take_front(py, st.limit.max(0) as usize))?;
             reader.maybe_resume_transport(py)?;
             if block.as_bytes().is_empty() {
                 let joined = PyBytes::new(py, b"").call_method1(pyo3::intern!(py, "join"), (&*blocks,))?;
@@ -337,7 +338,7 @@ fn attempt(py: Python<'_>, reader: &ReaderCore, kind: &mut Kind) -> PyResult<Att
                     return Ok(Some(Ok(())));
                 }
                 if st.eof {
-                    return Ok(Some(Err(st.take_all(py)?)));
+                    return Ok(Some(Err(st.buffer.take_all(py)?)));
                 }
                 Ok(None)
             })?;
@@ -345,7 +346,7 @@ fn attempt(py: Python<'_>, reader: &ReaderCore, kind: &mut Kind) -> PyResult<Att
                 None => Ok(Attempt::Wait("readexactly")),
                 Some(Err(partial)) => Err(incomplete_read_error(py, partial, Some(n))?),
                 Some(Ok(())) => {
-                    let data = reader.state.with(py, |st| st.take_front(py, n))?;
+                    let data = reader.state.with(py, |st| st.buffer.take_front(py, n))?;
                     reader.maybe_resume_transport(py)?;
                     Ok(Attempt::Return(data.into_any().unbind()))
                 }
@@ -368,19 +369,25 @@ fn until(
     let shortest = separators[0].len() as isize;
     let longest = separators[separators.len() - 1].len() as isize;
     let step = reader.state.with(py, |st| -> PyResult<Searched<'_>> {
-        let buf = st.contents(py);
-        let buflen = buf.len() as isize;
-        if buflen - *offset >= shortest {
-            if let Some(found) = find_earliest_end(buf, separators, *offset as usize) {
-                return Ok(Searched::Found(found));
+        let limit = st.limit;
+        let searched = st.buffer.with_contents(py, |buf| {
+            let buflen = buf.len() as isize;
+            if buflen - *offset >= shortest {
+                if let Some(found) = find_earliest_end(buf, separators, *offset as usize) {
+                    return Some(Searched::Found(found));
+                }
+                *offset = (buflen + 1 - longest).max(0);
+                if *offset > limit {
+                    return Some(Searched::Overrun("Separator is not found, and chunk exceed the limit", *offset));
+                }
             }
-            *offset = (buflen + 1 - longest).max(0);
-            if *offset > st.limit {
-                return Ok(Searched::Overrun("Separator is not found, and chunk exceed the limit", *offset));
-            }
+            None
+        })?;
+        if let Some(searched) = searched {
+            return Ok(searched);
         }
         if st.eof {
-            return Ok(Searched::Eof(st.take_all(py)?));
+            return Ok(Searched::Eof(st.buffer.take_all(py)?));
         }
         Ok(Searched::Nothing)
     })?;
@@ -399,7 +406,7 @@ fn until(
     if start as isize > reader.state.with(py, |st| st.limit) {
         return Err(overrun(py, reader, mode, "Separator is found, but chunk is longer than limit", start as isize)?);
     }
-    let chunk = reader.state.with(py, |st| st.take_front(py, end))?;
+    let chunk = reader.state.with(py, |st| st.buffer.take_front(py, end))?;
     reader.maybe_resume_transport(py)?;
     Ok(Attempt::Return(chunk.into_any().unbind()))
 }
@@ -414,10 +421,10 @@ fn overrun(py: Python<'_>, reader: &ReaderCore, mode: Until, message: &str, cons
     }
     reader.state.with(py, |st| {
         let at = consumed.max(0) as usize;
-        if st.contents(py).get(at..).is_some_and(|rest| rest.starts_with(b"\n")) {
-            st.consume(py, at + 1)
+        if st.buffer.with_contents(py, |buf| buf.get(at..).is_some_and(|rest| rest.starts_with(b"\n")))? {
+            st.buffer.consume(py, at + 1)
         } else {
-            st.buffer.bind_borrowed(py).resize(0)
+            st.buffer.clear(py)
         }
     })?;
     reader.maybe_resume_transport(py)?;
@@ -481,19 +488,7 @@ fn find_earliest_end(buf: &[u8], separators: &[Separator], from: usize) -> Optio
 
 /// The first `needle` in `hay[from..]`, as an index into `hay`.
 fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    let rest = hay.get(from..)?;
-    if rest.len() < needle.len() {
-        return None;
-    }
-    // SAFETY: both ranges are live slices of the lengths given.
-    let at = unsafe {
-        if needle.len() == 1 {
-            libc::memchr(rest.as_ptr().cast(), needle[0] as i32, rest.len()) as *const u8
-        } else {
-            libc::memmem(rest.as_ptr().cast(), rest.len(), needle.as_ptr().cast(), needle.len()) as *const u8
-        }
-    };
-    (!at.is_null()).then(|| from + (at as usize - rest.as_ptr() as usize))
+    crate::os::find_bytes(hay.get(from..)?, needle).map(|at| from + at)
 }
 
 /// readuntil's separators, as asyncio reads its argument: one bytes-like
@@ -603,20 +598,17 @@ impl ReadOp {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        // SAFETY: the GC holds the GIL; this only reads.
-        unsafe {
-            self.state.peek(|st| {
-                visit.call(&st.reader)?;
-                if let Stage::Waiting(future) = &st.stage {
-                    visit.call(future)?;
-                }
-                match &st.kind {
-                    Some(Kind::Start(_, arg)) => visit.call(arg),
-                    Some(Kind::ReadAll { blocks, .. }) => blocks.iter().try_for_each(|b| visit.call(b)),
-                    _ => Ok(()),
-                }
-            })
-        }
+        self.state.traverse(&visit, |st| {
+            visit.call(&st.reader)?;
+            if let Stage::Waiting(future) = &st.stage {
+                visit.call(future)?;
+            }
+            match &st.kind {
+                Some(Kind::Start(_, arg)) => visit.call(arg),
+                Some(Kind::ReadAll { blocks, .. }) => blocks.iter().try_for_each(|b| visit.call(b)),
+                _ => Ok(()),
+            }
+        })
     }
 
     fn __clear__(&self, py: Python<'_>) {
@@ -624,63 +616,12 @@ impl ReadOp {
     }
 }
 
-/// `am_send` of StreamRead (3.10, 3.11 resume awaited objects with it).
-///
-/// # Safety
-/// Called by CPython with the GIL, on a live StreamRead.
-unsafe extern "C" fn op_send(
-    slf: *mut ffi::PyObject,
-    arg: *mut ffi::PyObject,
-    result: *mut *mut ffi::PyObject,
-) -> ffi::PySendResult {
-    // SAFETY: per the contract.
-    unsafe {
-        let py = Python::assume_attached();
-        let op = Bound::from_borrowed_ptr(py, slf).cast_into_unchecked::<ReadOp>();
-        let arg = if arg.is_null() { py.None().into_bound(py) } else { Bound::from_borrowed_ptr(py, arg) };
-        match op.get().advance(py, &arg) {
-            Ok(Outcome::Return(value)) => {
-                *result = value.into_ptr();
-                ffi::PySendResult::PYGEN_RETURN
-            }
-            Ok(Outcome::Yield(future)) => {
-                *result = future.into_ptr();
-                ffi::PySendResult::PYGEN_NEXT
-            }
-            Err(err) => {
-                err.restore(py);
-                *result = std::ptr::null_mut();
-                ffi::PySendResult::PYGEN_ERROR
-            }
-        }
-    }
-}
-
-/// `tp_iternext` of StreamRead (3.12+ resume awaited objects with it): the
-/// future to yield, or NULL with StopIteration(result) set (none for None).
-///
-/// # Safety
-/// As for `op_send`.
-unsafe extern "C" fn op_next(slf: *mut ffi::PyObject) -> *mut ffi::PyObject {
-    // SAFETY: per the contract.
-    unsafe {
-        let py = Python::assume_attached();
-        let op = Bound::from_borrowed_ptr(py, slf).cast_into_unchecked::<ReadOp>();
-        match op.get().advance(py, &py.None().into_bound(py)) {
-            Ok(Outcome::Yield(future)) => future.into_ptr(),
-            Ok(Outcome::Return(value)) => {
-                if !value.is_none(py) {
-                    // A bytes result (never a tuple or an exception, which
-                    // StopIteration's constructor would take apart).
-                    ffi::PyErr_SetObject(ffi::PyExc_StopIteration, value.as_ptr());
-                }
-                std::ptr::null_mut()
-            }
-            Err(err) => {
-                err.restore(py);
-                std::ptr::null_mut()
-            }
-        }
+impl Resumable for ReadOp {
+    fn resume(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Resumed> {
+        Ok(match slf.get().advance(slf.py(), value)? {
+            Outcome::Yield(future) => Resumed::Yield(future),
+            Outcome::Return(value) => Resumed::Return(value),
+        })
     }
 }
 
@@ -732,49 +673,15 @@ impl Completed {
     }
 }
 
-/// `am_send` of Completed: returns None at once.
-///
-/// # Safety
-/// Called by CPython with the GIL.
-unsafe extern "C" fn completed_send(
-    _slf: *mut ffi::PyObject,
-    _arg: *mut ffi::PyObject,
-    result: *mut *mut ffi::PyObject,
-) -> ffi::PySendResult {
-    // SAFETY: per the contract; None is immortal or kept alive by the reference made here.
-    unsafe {
-        *result = ffi::Py_NewRef(ffi::Py_None());
-    }
-    ffi::PySendResult::PYGEN_RETURN
-}
-
-/// `tp_iternext` of Completed: exhausted (NULL, no exception: a None result).
-///
-/// # Safety
-/// Called by CPython with the GIL.
-unsafe extern "C" fn completed_next(_slf: *mut ffi::PyObject) -> *mut ffi::PyObject {
-    std::ptr::null_mut()
-}
-
-/// Sets a pyo3 class's resumption slots to the given C functions.
-fn set_slots<T: pyo3::PyClass>(py: Python<'_>, next: ffi::iternextfunc, send: ffi::sendfunc) {
-    let tp = py.get_type::<T>();
-    // SAFETY: GIL held; a heap type made by pyo3, whose tp_as_async points
-    // at its own (writable) slots; no instance is being resumed meanwhile.
-    unsafe {
-        let raw = tp.as_type_ptr();
-        (*raw).tp_iternext = Some(next);
-        if let Some(async_slots) = (*raw).tp_as_async.as_mut() {
-            async_slots.am_send = Some(send);
-        }
-        ffi::PyType_Modified(raw);
+impl Resumable for Completed {
+    fn resume(slf: &Bound<'_, Self>, _value: &Bound<'_, PyAny>) -> PyResult<Resumed> {
+        Ok(Resumed::Return(slf.py().None()))
     }
 }
 
-/// Puts the C entry points into the types' slots, in place of pyo3's
-/// `__next__` trampolines (which would make a StopIteration through a
-/// boxed error for every result).
+/// Puts capi.rs's resumption slots into the types, in place of pyo3's
+/// `__next__` trampolines.
 pub(super) fn install_slots(py: Python<'_>) {
-    set_slots::<ReadOp>(py, op_next, op_send);
-    set_slots::<Completed>(py, completed_next, completed_send);
+    install_resume_slots::<ReadOp>(py);
+    install_resume_slots::<Completed>(py);
 }

@@ -17,9 +17,10 @@ use std::rc::Rc;
 
 use pyo3::exceptions::{PyAssertionError, PyNotImplementedError};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes};
-use pyo3::{ffi, PyTraverseError, PyVisit};
+use pyo3::types::PyByteArray;
+use pyo3::{PyTraverseError, PyVisit};
 
+use super::buffer::ReadBuffer;
 use super::none_as_absent;
 use super::ops::{Method, ReadOp};
 use crate::cell::NativeCell;
@@ -31,8 +32,8 @@ use crate::transport::stream::ReadSink;
 const DEFAULT_LIMIT: isize = 64 * 1024;
 
 pub(crate) struct ReaderState {
-    /// asyncio's `_buffer`.
-    pub(super) buffer: Py<PyByteArray>,
+    /// asyncio's `_buffer` (see buffer.rs).
+    pub(super) buffer: ReadBuffer,
     pub(super) limit: isize,
     pub(super) eof: bool,
     /// The future a read waits on (asyncio's `_waiter`).
@@ -48,62 +49,8 @@ pub(crate) struct ReaderState {
 }
 
 impl ReaderState {
-    /// The buffered bytes. Valid until the bytearray is next changed, so
-    /// only within a `with` closure (which runs no Python code).
-    pub(super) fn contents(&self, _py: Python<'_>) -> &[u8] {
-        let buf = self.buffer.as_ptr();
-        // SAFETY: a live bytearray (the state holds it); nothing can resize
-        // it while the state is borrowed, as that would take Python code,
-        // which does not run here.
-        unsafe {
-            let len = ffi::PyByteArray_Size(buf) as usize;
-            std::slice::from_raw_parts(ffi::PyByteArray_AsString(buf) as *const u8, len)
-        }
-    }
-
     pub(super) fn len(&self, py: Python<'_>) -> usize {
-        self.buffer.bind_borrowed(py).len()
-    }
-
-    /// Appends `data` (asyncio's `bytearray.extend`).
-    fn append(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
-        let buf = self.buffer.bind_borrowed(py);
-        let len = buf.len();
-        buf.resize(len + data.len())?;
-        // SAFETY: the bytearray was just resized to hold `data` after its
-        // `len` bytes; `data` is not its memory (a view of it would have
-        // made the resize fail).
-        unsafe { buf.as_bytes_mut()[len..].copy_from_slice(data) };
-        Ok(())
-    }
-
-    /// `bytes(buffer[:n])`, then `del buffer[:n]` (`n` at most the length).
-    pub(super) fn take_front<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyBytes>> {
-        let n = n.min(self.len(py));
-        let data = PyBytes::new(py, &self.contents(py)[..n]);
-        self.consume(py, n)?;
-        Ok(data)
-    }
-
-    /// `del buffer[:n]`. A bytearray drops its head by moving its start, so
-    /// this copies nothing.
-    pub(super) fn consume(&self, py: Python<'_>, n: usize) -> PyResult<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        let buf = self.buffer.bind_borrowed(py);
-        // SAFETY: a live bytearray; deleting a slice runs no Python code.
-        if unsafe { ffi::PySequence_DelSlice(buf.as_ptr(), 0, n as ffi::Py_ssize_t) } < 0 {
-            return Err(PyErr::fetch(py));
-        }
-        Ok(())
-    }
-
-    /// `bytes(buffer)`, then `buffer.clear()`.
-    pub(super) fn take_all<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let data = PyBytes::new(py, self.contents(py));
-        self.buffer.bind_borrowed(py).resize(0)?;
-        Ok(data)
+        self.buffer.len(py)
     }
 }
 
@@ -120,7 +67,7 @@ impl ReaderCore {
             if st.eof {
                 return Err(PyAssertionError::new_err("feed_data after feed_eof"));
             }
-            st.append(py, data)
+            st.buffer.append(py, data)
         })
     }
 
@@ -179,9 +126,8 @@ impl ReaderCore {
         let py = slf.py();
         let spare = slf.get().state.with(py, |st| st.spare.as_ref().map(|op| op.clone_ref(py)));
         if let Some(op) = spare {
-            // SAFETY: reading the reference count of a live object; two
-            // references (the slot's and this one) mean nobody else has it.
-            let unshared = unsafe { ffi::Py_REFCNT(op.as_ptr()) } == 2;
+            // Two references (the slot's and this one): nobody else has it.
+            let unshared = crate::capi::refcount(&op) == 2;
             if unshared && op.get().is_done(py) {
                 op.get().reuse(py, slf.clone().unbind(), method, arg);
                 return Ok(op);
@@ -231,10 +177,10 @@ impl ReaderCore {
     /// are that method's).
     #[new]
     #[pyo3(signature = (*_args, **_kwargs))]
-    fn new(py: Python<'_>, _args: &Bound<'_, PyAny>, _kwargs: Option<&Bound<'_, PyAny>>) -> Self {
+    fn new(_py: Python<'_>, _args: &Bound<'_, PyAny>, _kwargs: Option<&Bound<'_, PyAny>>) -> Self {
         ReaderCore {
             state: NativeCell::new(ReaderState {
-                buffer: PyByteArray::new(py, &[]).unbind(),
+                buffer: ReadBuffer::new(),
                 limit: DEFAULT_LIMIT,
                 eof: false,
                 waiter: None,
@@ -311,7 +257,7 @@ impl ReaderCore {
             // Not bytes-like: what bytearray.extend makes of it (an
             // iterable of ints, or its TypeError).
             Err(_) => {
-                let buffer = self.state.with(py, |st| st.buffer.clone_ref(py));
+                let buffer = self.state.with(py, |st| st.buffer.expose(py));
                 python::call_method(buffer.bind(py).as_any(), pyo3::intern!(py, "extend"), (data,))?;
             }
         }
@@ -342,12 +288,12 @@ impl ReaderCore {
 
     #[getter(_buffer)]
     fn get_buffer(&self, py: Python<'_>) -> Py<PyByteArray> {
-        self.state.with(py, |st| st.buffer.clone_ref(py))
+        self.state.with(py, |st| st.buffer.expose(py))
     }
 
     #[setter(_buffer)]
     fn set_buffer(&self, py: Python<'_>, buffer: Py<PyByteArray>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.buffer, buffer));
+        let old = self.state.with(py, |st| st.buffer.replace(buffer));
         drop(old);
     }
 
@@ -430,17 +376,14 @@ impl ReaderCore {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        // SAFETY: the GC holds the GIL; this only reads.
-        unsafe {
-            self.state.peek(|st| {
-                visit.call(&st.buffer)?;
-                visit.call(&st.waiter)?;
-                visit.call(&st.exception)?;
-                visit.call(&st.transport)?;
-                visit.call(&st.loop_obj)?;
-                visit.call(&st.spare)
-            })
-        }
+        self.state.traverse(&visit, |st| {
+            st.buffer.visit(&visit)?;
+            visit.call(&st.waiter)?;
+            visit.call(&st.exception)?;
+            visit.call(&st.transport)?;
+            visit.call(&st.loop_obj)?;
+            visit.call(&st.spare)
+        })
     }
 
     fn __clear__(&self, py: Python<'_>) {

@@ -250,18 +250,15 @@ impl WriterCore {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        // SAFETY: the GC holds the GIL; this only reads.
-        unsafe {
-            self.state.peek(|st| {
-                visit.call(&st.transport)?;
-                visit.call(&st.core)?;
-                visit.call(&st.protocol)?;
-                visit.call(&st.reader)?;
-                visit.call(&st.native_reader)?;
-                visit.call(&st.loop_obj)?;
-                visit.call(&st.complete_fut)
-            })
-        }
+        self.state.traverse(&visit, |st| {
+            visit.call(&st.transport)?;
+            visit.call(&st.core)?;
+            visit.call(&st.protocol)?;
+            visit.call(&st.reader)?;
+            visit.call(&st.native_reader)?;
+            visit.call(&st.loop_obj)?;
+            visit.call(&st.complete_fut)
+        })
     }
 
     fn __clear__(&self, py: Python<'_>) {
