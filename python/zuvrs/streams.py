@@ -4,7 +4,8 @@
 subclasses of asyncio's own classes (``isinstance`` checks and type hints
 hold) whose per-read and per-write work is native (src/streams):
 
-- ``StreamReader``: the buffer (a real ``bytearray``, ``_buffer``), limit,
+- ``StreamReader``: the buffer (``_buffer`` is a real ``bytearray``, made
+  when first asked for and kept while anything holds it), limit,
   EOF, exception and waiter are native, and so are ``read``,
   ``readexactly``, ``readline``, ``readuntil`` (a tuple of separators from
   3.13), ``__anext__``, ``feed_data``, ``feed_eof``, ``at_eof``,

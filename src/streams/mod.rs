@@ -3,8 +3,10 @@
 //! these and from asyncio's own, so they are asyncio's classes with the
 //! per-read and per-write work done here.
 //!
-//! - reader.rs: `ReaderCore`, a StreamReader's buffer, limit, EOF,
-//!   exception and waiter, and `feed_data` and friends
+//! - state.rs: `ReaderCore`'s state (a StreamReader's buffer, limit, EOF,
+//!   exception and waiter) and the steps that feed and wake it
+//! - reader.rs: `ReaderCore`'s Python-facing methods, `feed_data` and
+//!   friends and the reads
 //! - buffer.rs: `ReadBuffer`, the reader's bytes (a `Vec`, or the
 //!   `bytearray` Python code was given as `_buffer`)
 //! - ops.rs: the awaitables the reads return (`StreamRead`), and the
@@ -19,12 +21,13 @@
 mod buffer;
 mod ops;
 mod reader;
+mod state;
 mod writer;
 
 use pyo3::prelude::*;
 
 pub(crate) use ops::{Completed, ReadOp};
-pub(crate) use reader::ReaderCore;
+pub(crate) use state::ReaderCore;
 pub(crate) use writer::WriterCore;
 
 use crate::transport::stream::StreamCore;
@@ -34,7 +37,7 @@ use crate::transport::stream::StreamCore;
 /// them (python/zuvrs/streams.py attaches only where that is all it does).
 #[pyfunction]
 pub(crate) fn attach_reader(py: Python<'_>, core: &Bound<'_, StreamCore>, protocol: Py<PyAny>, reader: Py<ReaderCore>) {
-    core.get().attach_sink(py, protocol, reader::sink(reader));
+    core.get().attach_sink(py, protocol, state::sink(reader));
 }
 
 /// An attribute set to None is held as absent (a deleted one too).

@@ -24,7 +24,7 @@ use pyo3::types::{PyBytes, PyTuple, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 use smallvec::SmallVec;
 
-use super::reader::ReaderCore;
+use super::state::{resume_reading, ReaderCore};
 use crate::capi::{install_resume_slots, Resumable, Resumed};
 use crate::cell::NativeCell;
 use crate::python;
@@ -452,7 +452,7 @@ fn wait_for_data(py: Python<'_>, reader: &ReaderCore, name: &str) -> PyResult<Py
     });
     let (resume, loop_obj) = checked?;
     if let Some(transport) = resume {
-        super::reader::resume_reading(py, transport)?;
+        resume_reading(py, transport)?;
     }
     let loop_obj = loop_obj.unwrap_or_else(|| py.None());
     let future = python::call_method0(loop_obj.bind(py), python::event_loop::create_future(py))?;

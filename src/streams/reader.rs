@@ -1,11 +1,13 @@
-//! `ReaderCore`: the state and methods of `zuvrs.streams.StreamReader`,
-//! asyncio's `StreamReader` done natively.
+//! `ReaderCore`'s methods: those of `zuvrs.streams.StreamReader`, asyncio's
+//! `StreamReader` done natively (its state and the steps that change it are
+//! in state.rs).
 //!
 //! The state is asyncio's, attribute for attribute (`_buffer`, `_limit`,
 //! `_eof`, `_waiter`, `_exception`, `_transport`, `_paused`, `_loop` are
 //! properties over it, so code that reads or sets them works unchanged), and
-//! the buffer is a real `bytearray` that keeps its identity: code that holds
-//! `reader._buffer`, searches it or clears it sees what asyncio would show.
+//! `_buffer` is a real `bytearray` that keeps its identity while Python code
+//! holds it (buffer.rs): code that holds `reader._buffer`, searches it or
+//! clears it sees what asyncio would show.
 //! The reads (`read`, `readline`, `readuntil`, `readexactly`, `__anext__`)
 //! return the awaitables of ops.rs.
 //!
@@ -13,9 +15,7 @@
 //! `attach_reader` in mod.rs); `feed_data` is the same step for Python
 //! callers.
 
-use std::rc::Rc;
-
-use pyo3::exceptions::{PyAssertionError, PyNotImplementedError};
+use pyo3::exceptions::PyAssertionError;
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
 use pyo3::{PyTraverseError, PyVisit};
@@ -23,109 +23,18 @@ use pyo3::{PyTraverseError, PyVisit};
 use super::buffer::ReadBuffer;
 use super::none_as_absent;
 use super::ops::{Method, ReadOp};
+use super::state::{ReaderCore, ReaderState, DEFAULT_LIMIT};
 use crate::cell::NativeCell;
 use crate::python;
 use crate::transport::buffer::Bytes;
-use crate::transport::stream::ReadSink;
-
-/// asyncio's `_DEFAULT_LIMIT`.
-const DEFAULT_LIMIT: isize = 64 * 1024;
-
-pub(crate) struct ReaderState {
-    /// asyncio's `_buffer` (see buffer.rs).
-    pub(super) buffer: ReadBuffer,
-    pub(super) limit: isize,
-    pub(super) eof: bool,
-    /// The future a read waits on (asyncio's `_waiter`).
-    pub(super) waiter: Option<Py<PyAny>>,
-    pub(super) exception: Option<Py<PyAny>>,
-    pub(super) transport: Option<Py<PyAny>>,
-    /// Reading was paused by this reader (over twice the limit).
-    pub(super) paused: bool,
-    pub(super) loop_obj: Option<Py<PyAny>>,
-    /// The op of the last read, made again for the next read if nothing
-    /// else holds it by then (reads in a loop allocate no op).
-    spare: Option<Py<ReadOp>>,
-}
-
-impl ReaderState {
-    pub(super) fn len(&self, py: Python<'_>) -> usize {
-        self.buffer.len(py)
-    }
-}
-
-#[pyclass(module = "zuvrs._zuvrs", name = "StreamReaderCore", subclass, frozen)]
-pub(crate) struct ReaderCore {
-    pub(super) state: NativeCell<ReaderState>,
-}
 
 impl ReaderCore {
-    /// `feed_data`'s first step: the bytes appended (asyncio asserts that
-    /// no data follows EOF). Runs no Python code.
-    fn append(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
-        self.state.with(py, |st| {
-            if st.eof {
-                return Err(PyAssertionError::new_err("feed_data after feed_eof"));
-            }
-            st.buffer.append(py, data)
-        })
-    }
-
-    /// `feed_data`'s last steps: the waiting read woken, and reading paused
-    /// once over twice the limit.
-    fn after_feed(&self, py: Python<'_>) -> PyResult<()> {
-        self.wakeup_waiter(py)?;
-        let transport = self.state.with(py, |st| {
-            if st.paused || st.len(py) as isize <= st.limit.saturating_mul(2) {
-                return None;
-            }
-            st.transport.as_ref().map(|t| t.clone_ref(py))
-        });
-        let Some(transport) = transport else { return Ok(()) };
-        match python::call_method0(transport.bind(py), python::streams::pause_reading(py)) {
-            Ok(_) => self.state.with(py, |st| st.paused = true),
-            Err(err) if err.is_instance_of::<PyNotImplementedError>(py) => {
-                // The transport cannot pause: buffer everything, and stop asking.
-                let old = self.state.with(py, |st| st.transport.take());
-                drop(old);
-            }
-            Err(err) => return Err(err),
-        }
-        Ok(())
-    }
-
-    /// asyncio's `_wakeup_waiter`.
-    pub(super) fn wakeup_waiter(&self, py: Python<'_>) -> PyResult<()> {
-        let Some(waiter) = self.state.with(py, |st| st.waiter.take()) else { return Ok(()) };
-        let waiter = waiter.bind(py);
-        if !python::call_method0(waiter, python::future::cancelled(py))?.is_truthy()? {
-            python::call_method(waiter, python::future::set_result(py), (py.None(),))?;
-        }
-        Ok(())
-    }
-
-    /// asyncio's `_maybe_resume_transport`: reading resumes once the buffer
-    /// is down to the limit.
-    pub(super) fn maybe_resume_transport(&self, py: Python<'_>) -> PyResult<()> {
-        let transport = self.state.with(py, |st| {
-            if !st.paused || st.len(py) as isize > st.limit {
-                return None;
-            }
-            st.paused = false;
-            Some(st.transport.as_ref().map(|t| t.clone_ref(py)))
-        });
-        match transport {
-            None => Ok(()),
-            Some(t) => resume_reading(py, t),
-        }
-    }
-
     /// The op of a read: the last one made again, if only this reader
     /// holds it (a finished op holds nothing), else a new one.
     fn op(slf: &Bound<'_, Self>, method: Method, arg: Option<Py<PyAny>>) -> PyResult<Py<ReadOp>> {
         let py = slf.py();
         let spare = slf.get().state.with(py, |st| st.spare.as_ref().map(|op| op.clone_ref(py)));
-        if let Some(op) = spare {
+        if let Some(op) = spare.and_then(|op| op.into_bound(py).cast_into::<ReadOp>().ok()).map(Bound::unbind) {
             // Two references (the slot's and this one): nobody else has it.
             let unshared = crate::capi::refcount(&op) == 2;
             if unshared && op.get().is_done(py) {
@@ -134,41 +43,10 @@ impl ReaderCore {
             }
         }
         let op = ReadOp::new(py, slf.clone().unbind(), method, arg)?;
-        let old = slf.get().state.with(py, |st| st.spare.replace(op.clone_ref(py)));
+        let old = slf.get().state.with(py, |st| st.spare.replace(op.clone_ref(py).into_any()));
         drop(old);
         Ok(op)
     }
-}
-
-/// `transport.resume_reading()` (asyncio calls it on whatever `_transport`
-/// is, None included).
-pub(super) fn resume_reading(py: Python<'_>, transport: Option<Py<PyAny>>) -> PyResult<()> {
-    let transport = transport.unwrap_or_else(|| py.None());
-    python::call_method0(transport.bind(py), python::streams::resume_reading(py))?;
-    Ok(())
-}
-
-/// The reader as the sink of its protocol's reads (sink.rs in
-/// transport/stream): a read is appended as `feed_data` would.
-struct ReaderSink(Py<ReaderCore>);
-
-impl ReadSink for ReaderSink {
-    fn take(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
-        self.0.get().append(py, data)
-    }
-
-    fn taken(&self, py: Python<'_>) -> PyResult<()> {
-        self.0.get().after_feed(py)
-    }
-
-    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.0)
-    }
-}
-
-/// `reader` as the sink of a transport's reads.
-pub(super) fn sink(reader: Py<ReaderCore>) -> Rc<dyn ReadSink> {
-    Rc::new(ReaderSink(reader))
 }
 
 #[pymethods]

@@ -20,7 +20,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::none_as_absent;
 use super::ops::Completed;
-use super::reader::ReaderCore;
+use super::state::ReaderCore;
 use crate::cell::NativeCell;
 use crate::python;
 use crate::transport::methods::CoreMethod;

@@ -1,0 +1,142 @@
+//! `ReaderCore`'s native state and the steps that change it: the buffer
+//! fed (by the transport's `ReadSink` or `feed_data`), the waiting read
+//! woken, reading paused over twice the limit and resumed at it.
+//!
+//! reader.rs has the Python-facing methods, and ops.rs the reads, which
+//! use these steps.
+
+use std::rc::Rc;
+
+use pyo3::exceptions::{PyAssertionError, PyNotImplementedError};
+use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
+
+use super::buffer::ReadBuffer;
+use crate::cell::NativeCell;
+use crate::python;
+use crate::transport::stream::ReadSink;
+
+/// asyncio's `_DEFAULT_LIMIT`.
+pub(super) const DEFAULT_LIMIT: isize = 64 * 1024;
+
+pub(crate) struct ReaderState {
+    /// asyncio's `_buffer` (see buffer.rs).
+    pub(super) buffer: ReadBuffer,
+    pub(super) limit: isize,
+    pub(super) eof: bool,
+    /// The future a read waits on (asyncio's `_waiter`).
+    pub(super) waiter: Option<Py<PyAny>>,
+    pub(super) exception: Option<Py<PyAny>>,
+    pub(super) transport: Option<Py<PyAny>>,
+    /// Reading was paused by this reader (over twice the limit).
+    pub(super) paused: bool,
+    pub(super) loop_obj: Option<Py<PyAny>>,
+    /// The op (a `StreamRead` of ops.rs) of the last read, made again for
+    /// the next read if nothing else holds it by then (reads in a loop
+    /// allocate no op).
+    pub(super) spare: Option<Py<PyAny>>,
+}
+
+impl ReaderState {
+    pub(super) fn len(&self, py: Python<'_>) -> usize {
+        self.buffer.len(py)
+    }
+}
+
+#[pyclass(module = "zuvrs._zuvrs", name = "StreamReaderCore", subclass, frozen)]
+pub(crate) struct ReaderCore {
+    pub(super) state: NativeCell<ReaderState>,
+}
+
+impl ReaderCore {
+    /// `feed_data`'s first step: the bytes appended (asyncio asserts that
+    /// no data follows EOF). Runs no Python code.
+    pub(super) fn append(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
+        self.state.with(py, |st| {
+            if st.eof {
+                return Err(PyAssertionError::new_err("feed_data after feed_eof"));
+            }
+            st.buffer.append(py, data)
+        })
+    }
+
+    /// `feed_data`'s last steps: the waiting read woken, and reading paused
+    /// once over twice the limit.
+    pub(super) fn after_feed(&self, py: Python<'_>) -> PyResult<()> {
+        self.wakeup_waiter(py)?;
+        let transport = self.state.with(py, |st| {
+            if st.paused || st.len(py) as isize <= st.limit.saturating_mul(2) {
+                return None;
+            }
+            st.transport.as_ref().map(|t| t.clone_ref(py))
+        });
+        let Some(transport) = transport else { return Ok(()) };
+        match python::call_method0(transport.bind(py), python::streams::pause_reading(py)) {
+            Ok(_) => self.state.with(py, |st| st.paused = true),
+            Err(err) if err.is_instance_of::<PyNotImplementedError>(py) => {
+                // The transport cannot pause: buffer everything, and stop asking.
+                let old = self.state.with(py, |st| st.transport.take());
+                drop(old);
+            }
+            Err(err) => return Err(err),
+        }
+        Ok(())
+    }
+
+    /// asyncio's `_wakeup_waiter`.
+    pub(super) fn wakeup_waiter(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(waiter) = self.state.with(py, |st| st.waiter.take()) else { return Ok(()) };
+        let waiter = waiter.bind(py);
+        if !python::call_method0(waiter, python::future::cancelled(py))?.is_truthy()? {
+            python::call_method(waiter, python::future::set_result(py), (py.None(),))?;
+        }
+        Ok(())
+    }
+
+    /// asyncio's `_maybe_resume_transport`: reading resumes once the buffer
+    /// is down to the limit.
+    pub(super) fn maybe_resume_transport(&self, py: Python<'_>) -> PyResult<()> {
+        let transport = self.state.with(py, |st| {
+            if !st.paused || st.len(py) as isize > st.limit {
+                return None;
+            }
+            st.paused = false;
+            Some(st.transport.as_ref().map(|t| t.clone_ref(py)))
+        });
+        match transport {
+            None => Ok(()),
+            Some(t) => resume_reading(py, t),
+        }
+    }
+}
+
+/// `transport.resume_reading()` (asyncio calls it on whatever `_transport`
+/// is, None included).
+pub(super) fn resume_reading(py: Python<'_>, transport: Option<Py<PyAny>>) -> PyResult<()> {
+    let transport = transport.unwrap_or_else(|| py.None());
+    python::call_method0(transport.bind(py), python::streams::resume_reading(py))?;
+    Ok(())
+}
+
+/// The reader as the sink of its protocol's reads (sink.rs in
+/// transport/stream): a read is appended as `feed_data` would.
+struct ReaderSink(Py<ReaderCore>);
+
+impl ReadSink for ReaderSink {
+    fn take(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
+        self.0.get().append(py, data)
+    }
+
+    fn taken(&self, py: Python<'_>) -> PyResult<()> {
+        self.0.get().after_feed(py)
+    }
+
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.0)
+    }
+}
+
+/// `reader` as the sink of a transport's reads.
+pub(super) fn sink(reader: Py<ReaderCore>) -> Rc<dyn ReadSink> {
+    Rc::new(ReaderSink(reader))
+}
