@@ -25,6 +25,7 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use crate::errors::{is_fatal_base, uv_error};
 use crate::eventloop::{ClientPtr, LoopClient, LoopCore, LoopShared};
 use crate::net::addr::{self, SockAddr};
+use crate::os;
 use crate::python;
 use crate::uv::sys;
 
@@ -280,8 +281,7 @@ fn eai_name(code: i32) -> &'static str {
 fn gaierror(py: Python<'_>, code: i32) -> PyResult<PyErr> {
     let socket = python::socket_module(py)?;
     let sys_code: i32 = socket.getattr(eai_name(code)).and_then(|v| v.extract()).unwrap_or(libc::EAI_FAIL);
-    // SAFETY: gai_strerror returns a static string.
-    let msg = unsafe { CStr::from_ptr(libc::gai_strerror(sys_code)) }.to_string_lossy().into_owned();
+    let msg = os::net::gai_strerror(sys_code);
     let exc = socket.getattr("gaierror")?.call1((sys_code, msg))?;
     Ok(PyErr::from_value(exc))
 }
@@ -290,35 +290,24 @@ fn gaierror(py: Python<'_>, code: i32) -> PyResult<PyErr> {
 ///
 /// # Safety
 /// `ai` is a list libuv's getaddrinfo returned.
-unsafe fn addrinfo_list<'py>(py: Python<'py>, mut ai: *const libc::addrinfo) -> PyResult<Bound<'py, PyList>> {
+unsafe fn addrinfo_list<'py>(py: Python<'py>, ai: *const libc::addrinfo) -> PyResult<Bound<'py, PyList>> {
     let out = PyList::empty(py);
-    while !ai.is_null() {
-        // SAFETY: a node of the list.
-        let a = unsafe { &*ai };
-        let mut sa = SockAddr::empty();
-        let len = (a.ai_addrlen as usize).min(sa.len as usize);
-        // SAFETY: ai_addr holds ai_addrlen bytes; the storage has room.
-        unsafe { ptr::copy_nonoverlapping(a.ai_addr as *const u8, sa.as_mut_ptr() as *mut u8, len) };
-        sa.len = len as libc::socklen_t;
+    // SAFETY: per the contract.
+    for a in unsafe { os::net::AddrInfoNodes::new(ai) } {
+        let sa = a.address();
         if matches!(sa.family(), libc::AF_INET | libc::AF_INET6) {
-            let canon = if a.ai_canonname.is_null() {
-                String::new()
-            } else {
-                // SAFETY: a NUL-terminated string of the list.
-                unsafe { CStr::from_ptr(a.ai_canonname) }.to_string_lossy().into_owned()
-            };
+            let canon = a.canonname().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
             out.append(PyTuple::new(
                 py,
                 [
-                    python::address_family(py, a.ai_family)?.into_bound(py),
-                    python::socket_kind(py, a.ai_socktype)?.into_bound(py),
-                    a.ai_protocol.into_pyobject(py)?.into_any(),
+                    python::address_family(py, a.family())?.into_bound(py),
+                    python::socket_kind(py, a.socktype())?.into_bound(py),
+                    a.protocol().into_pyobject(py)?.into_any(),
                     canon.into_pyobject(py)?.into_any(),
                     sa.python_form(py)?.into_bound(py),
                 ],
             )?)?;
         }
-        ai = a.ai_next;
     }
     Ok(out)
 }
