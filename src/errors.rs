@@ -8,6 +8,7 @@
 use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyRuntimeError, PySystemExit};
 use pyo3::prelude::*;
 
+use crate::os;
 use crate::uv;
 
 /// The calling thread's errno, right after a failed system call.
@@ -18,8 +19,7 @@ pub(crate) fn last_errno() -> i32 {
 
 /// `OSError(errno, strerror(errno))`, as the socket module raises it.
 pub(crate) fn os_error(errno: i32) -> PyErr {
-    // SAFETY: strerror returns a valid C string for any errno.
-    let msg = unsafe { std::ffi::CStr::from_ptr(libc::strerror(errno)) }.to_string_lossy().into_owned();
+    let msg = os::net::strerror(errno);
     let msg = if msg.is_empty() { uv::strerror(-errno) } else { msg };
     PyOSError::new_err((errno, msg))
 }

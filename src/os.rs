@@ -7,6 +7,370 @@
 
 // ---- section: name resolution and socket set-up (net) ----
 
+/// Socket addresses, TCP sockets, getaddrinfo result lists and errno text,
+/// for `net` (which re-exports `SockAddr`) and the transports.
+pub(crate) mod net {
+    use std::ffi::{c_void, CStr};
+    use std::marker::PhantomData;
+    use std::mem::MaybeUninit;
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+    use crate::errors::last_errno;
+
+    // The C library's address text conversions, which the libc crate does
+    // not declare.
+    extern "C" {
+        fn inet_pton(af: libc::c_int, src: *const libc::c_char, dst: *mut c_void) -> libc::c_int;
+        fn inet_ntop(
+            af: libc::c_int,
+            src: *const c_void,
+            dst: *mut libc::c_char,
+            size: libc::socklen_t,
+        ) -> *const libc::c_char;
+    }
+
+    /// Longer than any IPv4 or IPv6 address text (INET6_ADDRSTRLEN is 46).
+    pub(crate) const TEXT_MAX: usize = 64;
+
+    /// The room in a `SockAddr`.
+    const CAPACITY: libc::socklen_t = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+
+    /// The socket address types a `SockAddr` can be viewed as.
+    ///
+    /// # Safety
+    /// Implementors are plain C data valid for any bytes, no larger and no
+    /// more aligned than `sockaddr_storage`.
+    pub(crate) unsafe trait Family {}
+    // SAFETY: a prefix of sockaddr_storage, plain C data.
+    unsafe impl Family for libc::sockaddr_in {}
+    // SAFETY: as above.
+    unsafe impl Family for libc::sockaddr_in6 {}
+    // SAFETY: as above.
+    unsafe impl Family for libc::sockaddr_un {}
+
+    /// A socket address as the kernel takes and gives it.
+    #[derive(Clone, Copy)]
+    pub(crate) struct SockAddr {
+        /// Large enough for every family (a `sockaddr_in`, `sockaddr_in6`
+        /// or `sockaddr_un` is a prefix).
+        pub(super) storage: libc::sockaddr_storage,
+        /// The address's length: never more than the storage (what reads
+        /// `len` bytes from `storage` relies on it).
+        pub(super) len: libc::socklen_t,
+    }
+
+    impl SockAddr {
+        /// An empty address, ready for the kernel to fill (`len` is the room).
+        #[inline]
+        pub(crate) fn empty() -> Self {
+            SockAddr {
+                // SAFETY: plain C data, valid when zeroed.
+                storage: unsafe { MaybeUninit::zeroed().assume_init() },
+                len: CAPACITY,
+            }
+        }
+
+        #[inline]
+        pub(crate) fn as_ptr(&self) -> *const libc::sockaddr {
+            &self.storage as *const libc::sockaddr_storage as *const libc::sockaddr
+        }
+
+        #[inline]
+        pub(crate) fn as_mut_ptr(&mut self) -> *mut libc::sockaddr {
+            &mut self.storage as *mut libc::sockaddr_storage as *mut libc::sockaddr
+        }
+
+        /// The address's length (at most the storage's size).
+        #[inline]
+        pub(crate) fn len(&self) -> libc::socklen_t {
+            self.len
+        }
+
+        /// Sets the length (cut to the storage's size).
+        #[inline]
+        pub(crate) fn set_len(&mut self, len: usize) {
+            self.len = len.min(CAPACITY as usize) as libc::socklen_t;
+        }
+
+        #[inline]
+        pub(crate) fn family(&self) -> i32 {
+            self.storage.ss_family as i32
+        }
+
+        /// Lets a system call (`recvfrom`, `accept`, ...) write an address:
+        /// `f` gets the storage and its length, set to the room; the length
+        /// it reports back is cut to the room.
+        #[inline]
+        pub(crate) fn fill<R>(&mut self, f: impl FnOnce(*mut libc::sockaddr, *mut libc::socklen_t) -> R) -> R {
+            self.len = CAPACITY;
+            let r = f(self.as_mut_ptr(), &mut self.len);
+            self.len = self.len.min(CAPACITY);
+            r
+        }
+
+        /// The storage and its length, for a system call to write an
+        /// address into (`fill` also cuts the length it reports). Who
+        /// writes through them keeps the length within the storage (the
+        /// kernel does: no address is longer than a `sockaddr_storage`).
+        #[inline]
+        pub(crate) fn raw_mut(&mut self) -> (*mut libc::sockaddr, *mut libc::socklen_t) {
+            (self.as_mut_ptr(), &mut self.len)
+        }
+
+        /// The bytes the kernel reported (for comparing two addresses).
+        #[inline]
+        pub(crate) fn bytes(&self) -> &[u8] {
+            // (Cut again, for a length written through raw_mut.)
+            let n = self.len.min(CAPACITY) as usize;
+            // SAFETY: n is within the storage, which is plain bytes.
+            unsafe { std::slice::from_raw_parts(self.as_ptr() as *const u8, n) }
+        }
+
+        /// The storage as a `sockaddr_in`, `sockaddr_in6` or `sockaddr_un`.
+        #[inline]
+        pub(crate) fn view<T: Family>(&self) -> &T {
+            // SAFETY: every Family type is a prefix of the storage, alignment
+            // included, and valid for any bytes.
+            unsafe { &*(self.as_ptr() as *const T) }
+        }
+
+        #[inline]
+        pub(crate) fn view_mut<T: Family>(&mut self) -> &mut T {
+            // SAFETY: as view().
+            unsafe { &mut *(self.as_mut_ptr() as *mut T) }
+        }
+
+        /// `sun_path` of the storage as bytes (all of it; the length says
+        /// how much is the address).
+        #[inline]
+        pub(crate) fn sun_path(&self) -> &[u8] {
+            let path = &self.view::<libc::sockaddr_un>().sun_path;
+            // SAFETY: c_char and u8 have the same size; the array is in self.
+            unsafe { std::slice::from_raw_parts(path.as_ptr() as *const u8, path.len()) }
+        }
+    }
+
+    /// An address's text with a NUL after it, as `inet_pton` reads it.
+    pub(crate) struct HostText([u8; TEXT_MAX]);
+
+    impl HostText {
+        /// None for a text too long for any address, or holding a NUL.
+        #[inline]
+        pub(crate) fn new(host: &str) -> Option<Self> {
+            if host.len() >= TEXT_MAX || host.contains('\0') {
+                return None;
+            }
+            let mut text = [0u8; TEXT_MAX];
+            text[..host.len()].copy_from_slice(host.as_bytes());
+            Some(HostText(text))
+        }
+
+        /// The IPv4 address `inet_pton` reads in the text, if any.
+        #[inline]
+        pub(crate) fn ipv4(&self) -> Option<libc::in_addr> {
+            let mut a = libc::in_addr { s_addr: 0 };
+            // SAFETY: the text is NUL-terminated; inet_pton writes at most
+            // an in_addr for AF_INET.
+            let rc = unsafe { inet_pton(libc::AF_INET, self.0.as_ptr() as *const _, &mut a as *mut _ as *mut c_void) };
+            (rc == 1).then_some(a)
+        }
+
+        /// The IPv6 address `inet_pton` reads in the text, if any.
+        #[inline]
+        pub(crate) fn ipv6(&self) -> Option<libc::in6_addr> {
+            let mut a = libc::in6_addr { s6_addr: [0; 16] };
+            // SAFETY: as above, for an in6_addr.
+            let rc = unsafe { inet_pton(libc::AF_INET6, self.0.as_ptr() as *const _, &mut a as *mut _ as *mut c_void) };
+            (rc == 1).then_some(a)
+        }
+    }
+
+    /// `f(text)` with an IPv6 address printed by `inet_ntop` into a buffer
+    /// on the stack (no allocation); None if inet_ntop fails (errno says why).
+    #[inline]
+    pub(crate) fn with_ipv6_text<R>(addr: &libc::in6_addr, f: impl FnOnce(&str) -> R) -> Option<R> {
+        let mut text = [0 as libc::c_char; TEXT_MAX];
+        // SAFETY: addr is an in6_addr; text has room for its text and NUL.
+        let p = unsafe {
+            inet_ntop(libc::AF_INET6, addr as *const _ as *const c_void, text.as_mut_ptr(), TEXT_MAX as libc::socklen_t)
+        };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: inet_ntop wrote a NUL-terminated string into text.
+        let host = unsafe { CStr::from_ptr(text.as_ptr()) };
+        // inet_ntop prints ASCII only.
+        Some(f(host.to_str().unwrap_or_default()))
+    }
+
+    /// A new non-blocking, close-on-exec TCP socket; the errno on failure.
+    #[inline]
+    pub(crate) fn tcp_socket(family: i32) -> Result<OwnedFd, i32> {
+        // SAFETY: a plain system call.
+        let fd = unsafe {
+            libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::IPPROTO_TCP)
+        };
+        if fd < 0 {
+            return Err(last_errno());
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// `connect(2)` of a socket to `addr`; the errno when not connected at
+    /// once (EINPROGRESS for a non-blocking socket on its way).
+    #[inline]
+    pub(crate) fn connect(fd: BorrowedFd<'_>, addr: &SockAddr) -> Result<(), i32> {
+        // SAFETY: the address is valid for its length.
+        if unsafe { libc::connect(fd.as_raw_fd(), addr.as_ptr(), addr.len()) } == 0 {
+            Ok(())
+        } else {
+            Err(last_errno())
+        }
+    }
+
+    /// The pending error of a socket (`SO_ERROR`, 0 for none); the errno
+    /// if it cannot be read.
+    #[inline]
+    pub(crate) fn socket_error(fd: RawFd) -> Result<i32, i32> {
+        let mut err: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: err and len are valid for an int option.
+        let rc = unsafe {
+            libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut err as *mut _ as *mut c_void, &mut len)
+        };
+        if rc < 0 {
+            Err(last_errno())
+        } else {
+            Ok(err)
+        }
+    }
+
+    /// A socket's own address (`getsockname`) into `sa`; the errno on
+    /// failure. (Filled in place: a `SockAddr` returned in a `Result` is
+    /// copied once more.)
+    #[inline]
+    pub(crate) fn sock_name(fd: RawFd, sa: &mut SockAddr) -> Result<(), i32> {
+        // SAFETY: the storage is as large as the length says.
+        let rc = sa.fill(|p, len| unsafe { libc::getsockname(fd, p, len) });
+        if rc < 0 {
+            Err(last_errno())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A connected socket's peer address (`getpeername`) into `sa`; the
+    /// errno on failure.
+    #[inline]
+    pub(crate) fn peer_name(fd: RawFd, sa: &mut SockAddr) -> Result<(), i32> {
+        // SAFETY: the storage is as large as the length says.
+        let rc = sa.fill(|p, len| unsafe { libc::getpeername(fd, p, len) });
+        if rc < 0 {
+            Err(last_errno())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A connection accepted on a listening socket, as a non-blocking,
+    /// close-on-exec socket, its peer's address into `peer`; the errno on
+    /// failure.
+    #[inline]
+    pub(crate) fn accept(fd: RawFd, peer: &mut SockAddr) -> Result<OwnedFd, i32> {
+        // SAFETY: the storage is as large as the length says.
+        let conn = peer.fill(|p, len| unsafe { libc::accept4(fd, p, len, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) });
+        if conn < 0 {
+            return Err(last_errno());
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(conn) })
+    }
+
+    /// The nodes of a getaddrinfo result list, borrowed from its owner.
+    pub(crate) struct AddrInfoNodes<'a> {
+        next: *const libc::addrinfo,
+        _list: PhantomData<&'a libc::addrinfo>,
+    }
+
+    impl AddrInfoNodes<'_> {
+        /// # Safety
+        /// `head` is null or the head of a list made by getaddrinfo, not
+        /// freed while the nodes are borrowed.
+        #[inline]
+        pub(crate) unsafe fn new(head: *const libc::addrinfo) -> Self {
+            AddrInfoNodes { next: head, _list: PhantomData }
+        }
+    }
+
+    impl<'a> Iterator for AddrInfoNodes<'a> {
+        type Item = AddrInfo<'a>;
+
+        #[inline]
+        fn next(&mut self) -> Option<AddrInfo<'a>> {
+            // SAFETY: null or a node of the list (the contract of new()),
+            // which outlives 'a.
+            let node = unsafe { self.next.as_ref()? };
+            self.next = node.ai_next;
+            Some(AddrInfo(node))
+        }
+    }
+
+    /// One node of a getaddrinfo result list.
+    #[derive(Clone, Copy)]
+    pub(crate) struct AddrInfo<'a>(&'a libc::addrinfo);
+
+    impl<'a> AddrInfo<'a> {
+        #[inline]
+        pub(crate) fn family(&self) -> i32 {
+            self.0.ai_family
+        }
+
+        #[inline]
+        pub(crate) fn socktype(&self) -> i32 {
+            self.0.ai_socktype
+        }
+
+        #[inline]
+        pub(crate) fn protocol(&self) -> i32 {
+            self.0.ai_protocol
+        }
+
+        /// The canonical name, when the node has one.
+        #[inline]
+        pub(crate) fn canonname(&self) -> Option<&'a CStr> {
+            // SAFETY: a NUL-terminated string of the list, when not null.
+            (!self.0.ai_canonname.is_null()).then(|| unsafe { CStr::from_ptr(self.0.ai_canonname) })
+        }
+
+        /// The node's address, copied (cut to a `SockAddr`'s room).
+        #[inline]
+        pub(crate) fn address(&self) -> SockAddr {
+            let mut sa = SockAddr::empty();
+            let len = (self.0.ai_addrlen as usize).min(CAPACITY as usize);
+            if !self.0.ai_addr.is_null() {
+                // SAFETY: ai_addr holds ai_addrlen bytes; the storage has room.
+                unsafe { std::ptr::copy_nonoverlapping(self.0.ai_addr as *const u8, sa.as_mut_ptr() as *mut u8, len) };
+            }
+            sa.set_len(len);
+            sa
+        }
+    }
+
+    /// `strerror(errno)`: the C library's message for an errno.
+    pub(crate) fn strerror(errno: i32) -> String {
+        // SAFETY: strerror returns a valid C string for any errno, read
+        // before any other call on this thread could change it.
+        unsafe { CStr::from_ptr(libc::strerror(errno)) }.to_string_lossy().into_owned()
+    }
+
+    /// `gai_strerror(code)`: the C library's message for an EAI_* code.
+    pub(crate) fn gai_strerror(code: i32) -> String {
+        // SAFETY: gai_strerror returns a static string.
+        unsafe { CStr::from_ptr(libc::gai_strerror(code)) }.to_string_lossy().into_owned()
+    }
+}
+
 // ---- end of section: net ----
 
 // ---- section: fd watchers and process (eventloop) ----

@@ -249,4 +249,262 @@ pub(crate) fn version() -> (u32, u32, u32) {
 
 // ---- section: name resolution requests (net) ----
 
+/// libuv's name lookups on its thread pool (`uv_getaddrinfo`,
+/// `uv_getnameinfo`) as owners.
+///
+/// A request lives in a heap allocation libuv owns from the start to the
+/// completion, which frees it. While in flight it is a client of its loop:
+/// a loop closing first cancels it and makes the lookup let go of its
+/// Python objects ([`Lookup::orphan`]); its completion then only frees it,
+/// maybe on the thread that finishes the loop's requests (`UvLoop::close`),
+/// without the GIL. A lookup whose loop is open completes on the loop's
+/// thread with the GIL, in its `resolved` / `named` method.
+pub(crate) mod resolver {
+    use std::cell::{Cell, UnsafeCell};
+    use std::ffi::CStr;
+    use std::mem::MaybeUninit;
+    use std::ptr;
+
+    use pyo3::prelude::*;
+
+    use super::sys;
+    use crate::errors::uv_error;
+    use crate::eventloop::{ClientPtr, LoopClient, LoopShared};
+    use crate::os::net::{AddrInfoNodes, SockAddr};
+
+    /// What a lookup carries to its completion (the future it settles).
+    /// `Send`: an orphaned lookup is dropped on the thread that finishes
+    /// its loop's requests.
+    pub(crate) trait Lookup: Send + 'static {
+        /// The loop is closing first: let go of every Python object now.
+        fn orphan(&self, py: Python<'_>);
+    }
+
+    /// A lookup started with [`getaddrinfo`].
+    pub(crate) trait AddrInfoLookup: Lookup {
+        /// The result list, or the libuv error code (UV_EAI_*).
+        fn resolved(&self, py: Python<'_>, shared: &LoopShared, result: Result<&AddrInfoList, i32>);
+    }
+
+    /// A lookup started with [`getnameinfo`].
+    pub(crate) trait NameInfoLookup: Lookup {
+        /// `(host, service)`, or the libuv error code (UV_EAI_*).
+        fn named(&self, py: Python<'_>, shared: &LoopShared, result: Result<(&CStr, &CStr), i32>);
+    }
+
+    /// The hints of a getaddrinfo lookup, as `socket.getaddrinfo` takes them.
+    pub(crate) struct Hints {
+        pub(crate) family: i32,
+        pub(crate) socktype: i32,
+        pub(crate) protocol: i32,
+        pub(crate) flags: i32,
+    }
+
+    /// One libuv request and its lookup; the request comes first, so
+    /// libuv's pointer to it is a pointer to the whole.
+    #[repr(C)]
+    struct Request<R, S> {
+        /// Written by libuv (and its worker thread) while in flight.
+        req: UnsafeCell<R>,
+        /// Null once the loop closed first (the request is orphaned).
+        shared: Cell<*const LoopShared>,
+        lookup: S,
+    }
+
+    impl<R: 'static, S: Lookup> Request<R, S> {
+        /// A request for libuv to fill in, registered with the loop.
+        fn new(py: Python<'_>, shared: &LoopShared, lookup: S) -> *mut Self {
+            let req = Box::into_raw(Box::new(Request {
+                // SAFETY: a plain C struct, initialised by the libuv call.
+                req: UnsafeCell::new(unsafe { MaybeUninit::zeroed().assume_init() }),
+                shared: Cell::new(shared),
+                lookup,
+            }));
+            shared.register(py, ClientPtr(req as *const dyn LoopClient));
+            req
+        }
+
+        /// Frees a request libuv refused to start.
+        ///
+        /// # Safety
+        /// `req` came from `new` with `shared`, and libuv does not know it.
+        unsafe fn abandon(py: Python<'_>, shared: &LoopShared, req: *mut Self) {
+            shared.unregister(py, ClientPtr(req as *const dyn LoopClient));
+            // SAFETY: per the contract.
+            drop(unsafe { Box::from_raw(req) });
+        }
+
+        /// Takes back a request libuv has completed (`req`, as its callback
+        /// got it): with the GIL and its loop, or None (and freed) if the
+        /// loop closed first.
+        ///
+        /// # Safety
+        /// `req` came from `Request::<R, S>::new` and libuv is done with it.
+        unsafe fn finish<'a>(req: *mut R) -> Option<(Python<'a>, &'a LoopShared, Box<Self>)> {
+            // SAFETY: per the contract; req is the first field.
+            let r = unsafe { Box::from_raw(req as *mut Self) };
+            let shared = r.shared.get();
+            if shared.is_null() {
+                return None; // orphaned: no Python object left, maybe no GIL either
+            }
+            // SAFETY: a request that is not orphaned completes on its open
+            // loop's thread, inside uv_run (the loop orphans every request
+            // before it closes), so the loop's state is alive and the GIL
+            // can be taken back.
+            let (shared, py) = unsafe {
+                let shared = &*shared;
+                (shared, shared.reacquire_gil())
+            };
+            shared.unregister(py, ClientPtr(&*r as *const Self as *const dyn LoopClient));
+            Some((py, shared, r))
+        }
+    }
+
+    impl<R: 'static, S: Lookup> LoopClient for Request<R, S> {
+        fn before_poll(&self, _py: Python<'_>) -> PyResult<()> {
+            Ok(())
+        }
+
+        fn close_with_loop(&self, py: Python<'_>) {
+            self.shared.set(ptr::null());
+            // SAFETY: a registered request is in flight on this loop;
+            // uv_cancel refuses one a worker is already running (it then
+            // completes normally).
+            unsafe { sys::uv_cancel(self.req.get() as *mut sys::uv_req_t) };
+            self.lookup.orphan(py);
+        }
+    }
+
+    /// A getaddrinfo result list, freed when dropped.
+    pub(crate) struct AddrInfoList {
+        head: *mut sys::addrinfo,
+    }
+
+    impl AddrInfoList {
+        /// The list's nodes.
+        #[inline]
+        pub(crate) fn nodes(&self) -> AddrInfoNodes<'_> {
+            // SAFETY: head is null or libuv's result list (the C library's
+            // addrinfo), freed only when self is dropped.
+            unsafe { AddrInfoNodes::new(self.head as *const libc::addrinfo) }
+        }
+    }
+
+    impl Drop for AddrInfoList {
+        fn drop(&mut self) {
+            if !self.head.is_null() {
+                // SAFETY: the list libuv handed over, freed once.
+                unsafe { sys::uv_freeaddrinfo(self.head) };
+            }
+        }
+    }
+
+    /// Starts resolving `node` / `service` on the loop's thread pool;
+    /// `lookup.resolved` gets the outcome. The OSError of a request libuv
+    /// refuses (or RuntimeError for a closed loop) is returned instead.
+    pub(crate) fn getaddrinfo<S: AddrInfoLookup>(
+        py: Python<'_>,
+        shared: &LoopShared,
+        lookup: S,
+        node: Option<&CStr>,
+        service: Option<&CStr>,
+        hints: &Hints,
+    ) -> PyResult<()> {
+        let uv_loop = shared.uv_loop(py)?;
+        let hints = sys::addrinfo {
+            ai_flags: hints.flags,
+            ai_family: hints.family,
+            ai_socktype: hints.socktype,
+            ai_protocol: hints.protocol,
+            ai_addrlen: 0,
+            ai_addr: ptr::null_mut(),
+            ai_canonname: ptr::null_mut(),
+            ai_next: ptr::null_mut(),
+        };
+        let req = Request::<sys::uv_getaddrinfo_t, S>::new(py, shared, lookup);
+        // SAFETY: the loop is open (uv_loop said so, and cannot close while
+        // we hold the GIL); libuv copies node, service and hints before
+        // returning, and owns the request until its callback.
+        let rc = unsafe {
+            sys::uv_getaddrinfo(
+                uv_loop,
+                req as *mut sys::uv_getaddrinfo_t,
+                Some(on_addrinfo::<S>),
+                node.map_or(ptr::null(), |c| c.as_ptr()),
+                service.map_or(ptr::null(), |c| c.as_ptr()),
+                &hints,
+            )
+        };
+        if rc < 0 {
+            // SAFETY: libuv refused the request.
+            unsafe { Request::abandon(py, shared, req) };
+            return Err(uv_error(rc));
+        }
+        Ok(())
+    }
+
+    unsafe extern "C" fn on_addrinfo<S: AddrInfoLookup>(
+        req: *mut sys::uv_getaddrinfo_t,
+        status: i32,
+        res: *mut sys::addrinfo,
+    ) {
+        // Freed last, after the lookup saw it.
+        let list = AddrInfoList { head: res };
+        // SAFETY: libuv is done with the request, which getaddrinfo::<S> made.
+        if let Some((py, shared, r)) = unsafe { Request::<_, S>::finish(req) } {
+            r.lookup.resolved(py, shared, if status < 0 { Err(status) } else { Ok(&list) });
+        }
+    }
+
+    /// Starts `getnameinfo` of an IP address on the loop's thread pool;
+    /// `lookup.named` gets the outcome. Errors as for [`getaddrinfo`].
+    pub(crate) fn getnameinfo<S: NameInfoLookup>(
+        py: Python<'_>,
+        shared: &LoopShared,
+        lookup: S,
+        addr: &SockAddr,
+        flags: i32,
+    ) -> PyResult<()> {
+        let uv_loop = shared.uv_loop(py)?;
+        let req = Request::<sys::uv_getnameinfo_t, S>::new(py, shared, lookup);
+        // SAFETY: as in getaddrinfo; libuv copies the address (a storage
+        // large enough for any family) before returning.
+        let rc = unsafe {
+            sys::uv_getnameinfo(
+                uv_loop,
+                req as *mut sys::uv_getnameinfo_t,
+                Some(on_nameinfo::<S>),
+                addr.as_ptr() as *const sys::sockaddr,
+                flags,
+            )
+        };
+        if rc < 0 {
+            // SAFETY: libuv refused the request.
+            unsafe { Request::abandon(py, shared, req) };
+            return Err(uv_error(rc));
+        }
+        Ok(())
+    }
+
+    unsafe extern "C" fn on_nameinfo<S: NameInfoLookup>(
+        req: *mut sys::uv_getnameinfo_t,
+        status: i32,
+        host: *const libc::c_char,
+        service: *const libc::c_char,
+    ) {
+        // SAFETY: libuv is done with the request, which getnameinfo::<S> made.
+        let Some((py, shared, r)) = (unsafe { Request::<_, S>::finish(req) }) else { return };
+        let result = if status < 0 {
+            Err(status)
+        } else if host.is_null() || service.is_null() {
+            Err(sys::uv_errno_t_UV_EAI_FAIL)
+        } else {
+            // SAFETY: on success, NUL-terminated buffers of the request,
+            // which lives until r is dropped.
+            Ok(unsafe { (CStr::from_ptr(host), CStr::from_ptr(service)) })
+        };
+        r.lookup.named(py, shared, result);
+    }
+}
+
 // ---- end of section: net ----

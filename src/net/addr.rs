@@ -9,32 +9,20 @@
 //! subclasses, over-long paths) is not parsed here: the caller hands it to
 //! the socket module.
 
-use std::ffi::{c_void, CStr};
-use std::mem::MaybeUninit;
-
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyInt, PyString, PyTuple};
 
+use crate::capi;
 use crate::errors::{last_errno, os_error};
-
-// The C library's address text conversions, which the libc crate does not
-// declare.
-extern "C" {
-    fn inet_pton(af: libc::c_int, src: *const libc::c_char, dst: *mut c_void) -> libc::c_int;
-    fn inet_ntop(
-        af: libc::c_int,
-        src: *const c_void,
-        dst: *mut libc::c_char,
-        size: libc::socklen_t,
-    ) -> *const libc::c_char;
-}
+use crate::os::net::HostText;
+/// A socket address as the kernel takes and gives it (the storage and its
+/// system calls are in the os edge; the conversions are here).
+pub(crate) use crate::os::net::SockAddr;
 
 /// Where `sun_path` starts in a `sockaddr_un` (after the family).
 const SUN_PATH_OFFSET: usize = std::mem::size_of::<libc::sa_family_t>();
 /// The size of `sun_path`.
 const SUN_PATH_LEN: usize = std::mem::size_of::<libc::sockaddr_un>() - SUN_PATH_OFFSET;
-/// Longer than any IPv4 or IPv6 address text (INET6_ADDRSTRLEN is 46).
-const TEXT_MAX: usize = 64;
 
 /// `a.b.c.d` for an IPv4 address in network order, into `out`; its length.
 fn ipv4_text(octets: [u8; 4], out: &mut [u8; 16]) -> usize {
@@ -82,61 +70,7 @@ fn ipv4_host(py: Python<'_>, addr: u32) -> Bound<'_, PyString> {
     })
 }
 
-/// The socket address types a `SockAddr` holds.
-trait Family {}
-impl Family for libc::sockaddr_in {}
-impl Family for libc::sockaddr_in6 {}
-impl Family for libc::sockaddr_un {}
-
-/// A socket address as the kernel takes and gives it.
-#[derive(Clone, Copy)]
-pub(crate) struct SockAddr {
-    /// Large enough for every family (a `sockaddr_in`, `sockaddr_in6` or
-    /// `sockaddr_un` is a prefix).
-    storage: libc::sockaddr_storage,
-    pub(crate) len: libc::socklen_t,
-}
-
 impl SockAddr {
-    /// An empty address, ready for the kernel to fill (`len` is the room).
-    pub(crate) fn empty() -> Self {
-        SockAddr {
-            // SAFETY: plain C data, valid when zeroed.
-            storage: unsafe { MaybeUninit::zeroed().assume_init() },
-            len: std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
-        }
-    }
-
-    pub(crate) fn as_ptr(&self) -> *const libc::sockaddr {
-        &self.storage as *const libc::sockaddr_storage as *const libc::sockaddr
-    }
-
-    pub(crate) fn as_mut_ptr(&mut self) -> *mut libc::sockaddr {
-        &mut self.storage as *mut libc::sockaddr_storage as *mut libc::sockaddr
-    }
-
-    pub(crate) fn family(&self) -> i32 {
-        self.storage.ss_family as i32
-    }
-
-    /// The bytes the kernel reported (for comparing two addresses).
-    pub(crate) fn bytes(&self) -> &[u8] {
-        let n = (self.len as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
-        // SAFETY: n is within the storage.
-        unsafe { std::slice::from_raw_parts(self.as_ptr() as *const u8, n) }
-    }
-
-    fn view<T: Family>(&self) -> &T {
-        // SAFETY: every Family type is a prefix of the storage, alignment
-        // included, and valid for any bytes.
-        unsafe { &*(self.as_ptr() as *const T) }
-    }
-
-    fn view_mut<T: Family>(&mut self) -> &mut T {
-        // SAFETY: as view().
-        unsafe { &mut *(self.as_mut_ptr() as *mut T) }
-    }
-
     /// An IPv4 address and port.
     fn v4(addr: libc::in_addr, port: u16) -> Self {
         let mut a = SockAddr::empty();
@@ -144,7 +78,7 @@ impl SockAddr {
         sin.sin_family = libc::AF_INET as libc::sa_family_t;
         sin.sin_port = port.to_be();
         sin.sin_addr = addr;
-        a.len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        a.set_len(std::mem::size_of::<libc::sockaddr_in>());
         a
     }
 
@@ -157,7 +91,7 @@ impl SockAddr {
         sin6.sin6_flowinfo = flowinfo.to_be();
         sin6.sin6_scope_id = scope_id;
         sin6.sin6_addr = addr;
-        a.len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+        a.set_len(std::mem::size_of::<libc::sockaddr_in6>());
         a
     }
 
@@ -166,25 +100,17 @@ impl SockAddr {
     /// IPv6 details. None when `host` is not such a literal; a `%` zone is
     /// never taken (the socket module resolves it).
     pub(crate) fn ip(host: &str, family: i32, port: u16, flowinfo: u32, scope_id: u32) -> Option<Self> {
-        if host.len() >= TEXT_MAX || host.contains('%') || host.contains('\0') {
+        if host.contains('%') {
             return None;
         }
-        let mut text = [0u8; TEXT_MAX];
-        text[..host.len()].copy_from_slice(host.as_bytes());
-        let text = text.as_ptr() as *const libc::c_char;
+        let text = HostText::new(host)?;
         if family == 0 || family == libc::AF_INET {
-            // SAFETY: text is NUL-terminated; in_addr is plain data.
-            let mut a: libc::in_addr = unsafe { MaybeUninit::zeroed().assume_init() };
-            // SAFETY: inet_pton writes at most an in_addr for AF_INET.
-            if unsafe { inet_pton(libc::AF_INET, text, &mut a as *mut _ as *mut c_void) } == 1 {
+            if let Some(a) = text.ipv4() {
                 return Some(SockAddr::v4(a, port));
             }
         }
         if family == 0 || family == libc::AF_INET6 {
-            // SAFETY: as above, for an in6_addr.
-            let mut a: libc::in6_addr = unsafe { MaybeUninit::zeroed().assume_init() };
-            // SAFETY: inet_pton writes at most an in6_addr for AF_INET6.
-            if unsafe { inet_pton(libc::AF_INET6, text, &mut a as *mut _ as *mut c_void) } == 1 {
+            if let Some(a) = text.ipv6() {
                 return Some(SockAddr::v6(a, port, flowinfo, scope_id));
             }
         }
@@ -209,7 +135,7 @@ impl SockAddr {
             *dst = *src as libc::c_char;
         }
         // A path counts its terminating NUL (already there: zeroed storage).
-        a.len = (SUN_PATH_OFFSET + path.len() + usize::from(!abstract_name)) as libc::socklen_t;
+        a.set_len(SUN_PATH_OFFSET + path.len() + usize::from(!abstract_name));
         Some(a)
     }
 
@@ -224,34 +150,21 @@ impl SockAddr {
     /// `f(host, port)` with the host printed by inet_ntop into a buffer on
     /// the stack (no allocation); None for a family without an IP address.
     fn with_ip_text<R>(&self, f: impl FnOnce(&str, u16) -> R) -> Option<R> {
-        let (src, port) = match self.family() {
+        match self.family() {
             libc::AF_INET => {
+                // What inet_ntop prints for IPv4, without its printf.
                 let sin = self.view::<libc::sockaddr_in>();
-                (&sin.sin_addr as *const _ as *const c_void, u16::from_be(sin.sin_port))
+                let mut text = [0u8; 16];
+                let n = ipv4_text(sin.sin_addr.s_addr.to_ne_bytes(), &mut text);
+                // Digits and dots only.
+                Some(f(std::str::from_utf8(&text[..n]).unwrap_or_default(), u16::from_be(sin.sin_port)))
             }
             libc::AF_INET6 => {
                 let sin6 = self.view::<libc::sockaddr_in6>();
-                (&sin6.sin6_addr as *const _ as *const c_void, u16::from_be(sin6.sin6_port))
+                crate::os::net::with_ipv6_text(&sin6.sin6_addr, |host| f(host, u16::from_be(sin6.sin6_port)))
             }
-            _ => return None,
-        };
-        if self.family() == libc::AF_INET {
-            // What inet_ntop prints for IPv4, without its printf.
-            let mut text = [0u8; 16];
-            let n = ipv4_text(self.view::<libc::sockaddr_in>().sin_addr.s_addr.to_ne_bytes(), &mut text);
-            // Digits and dots only.
-            return Some(f(std::str::from_utf8(&text[..n]).unwrap_or_default(), port));
+            _ => None,
         }
-        let mut text = [0 as libc::c_char; TEXT_MAX];
-        // SAFETY: src is an in6_addr; text has room for it.
-        let p = unsafe { inet_ntop(self.family(), src, text.as_mut_ptr(), TEXT_MAX as libc::socklen_t) };
-        if p.is_null() {
-            return None;
-        }
-        // SAFETY: inet_ntop wrote a NUL-terminated string.
-        let host = unsafe { CStr::from_ptr(text.as_ptr()) };
-        // inet_ntop prints ASCII only.
-        Some(f(host.to_str().unwrap_or_default(), port))
     }
 
     /// The address as the socket module gives it (`socket.recvfrom`,
@@ -260,7 +173,7 @@ impl SockAddr {
     /// abstract name for Unix. None for an empty address (an unnamed Unix
     /// sender) and for other families.
     pub(crate) fn python_form(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        if self.len == 0 {
+        if self.len() == 0 {
             return Ok(py.None());
         }
         match self.family() {
@@ -303,23 +216,13 @@ impl SockAddr {
     /// reported, a path as a str decoded with the filesystem encoding up to
     /// its NUL.
     fn unix_to_python(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let n = (self.len as usize).saturating_sub(SUN_PATH_OFFSET).min(SUN_PATH_LEN);
-        let sun = self.view::<libc::sockaddr_un>();
-        // SAFETY: sun_path holds SUN_PATH_LEN bytes.
-        let path = unsafe { std::slice::from_raw_parts(sun.sun_path.as_ptr() as *const u8, SUN_PATH_LEN) };
+        let n = (self.len() as usize).saturating_sub(SUN_PATH_OFFSET).min(SUN_PATH_LEN);
+        let path = self.sun_path();
         if n > 0 && path[0] == 0 {
             return Ok(PyBytes::new(py, &path[..n]).into_any().unbind());
         }
         let end = path[..n].iter().position(|&b| b == 0).unwrap_or(n);
-        // SAFETY: a valid buffer of `end` bytes; the result is a new
-        // reference or NULL with an exception set.
-        unsafe {
-            let obj = pyo3::ffi::PyUnicode_DecodeFSDefaultAndSize(
-                path.as_ptr() as *const libc::c_char,
-                end as pyo3::ffi::Py_ssize_t,
-            );
-            Ok(Bound::from_owned_ptr_or_err(py, obj)?.unbind())
-        }
+        Ok(capi::net::fs_decode(py, &path[..end])?.into_any().unbind())
     }
 }
 
@@ -360,22 +263,15 @@ fn unix_from_python(addr: &Bound<'_, PyAny>) -> Option<SockAddr> {
     if let Ok(b) = addr.cast_exact::<PyBytes>() {
         return SockAddr::unix(b.as_bytes());
     }
-    addr.cast_exact::<PyString>().ok()?;
-    // SAFETY: a new reference or NULL with an exception set.
-    let obj = unsafe { pyo3::ffi::PyUnicode_EncodeFSDefault(addr.as_ptr()) };
-    if obj.is_null() {
-        drop(PyErr::take(addr.py()));
-        return None;
-    }
-    // SAFETY: an owned new reference to a bytes object.
-    let encoded = unsafe { Bound::from_owned_ptr(addr.py(), obj) };
-    SockAddr::unix(encoded.cast::<PyBytes>().ok()?.as_bytes())
+    let s = addr.cast_exact::<PyString>().ok()?;
+    // (An encoding error is dropped: the socket module raises its own.)
+    let encoded = capi::net::fs_encode(s).ok()?;
+    SockAddr::unix(encoded.as_bytes())
 }
 
 /// An exact int in `lo..=hi`, or None (the socket module then decides).
 fn small_int(obj: &Bound<'_, PyAny>, lo: i64, hi: i64) -> Option<i64> {
-    // SAFETY: a type check only.
-    if unsafe { pyo3::ffi::PyLong_CheckExact(obj.as_ptr()) } == 0 {
+    if !obj.is_exact_instance_of::<PyInt>() {
         return None;
     }
     let v: i64 = obj.extract().ok()?;
@@ -451,9 +347,9 @@ mod tests {
     fn unix_paths() {
         let a = SockAddr::unix(b"/tmp/x").expect("path");
         assert_eq!(a.family(), libc::AF_UNIX);
-        assert_eq!(a.len as usize, SUN_PATH_OFFSET + 7, "a path counts its NUL");
+        assert_eq!(a.len() as usize, SUN_PATH_OFFSET + 7, "a path counts its NUL");
         let b = SockAddr::unix(b"\0name").expect("abstract");
-        assert_eq!(b.len as usize, SUN_PATH_OFFSET + 5, "an abstract name does not");
+        assert_eq!(b.len() as usize, SUN_PATH_OFFSET + 5, "an abstract name does not");
         assert!(SockAddr::unix(b"").is_none());
         assert!(SockAddr::unix(&[b'a'; SUN_PATH_LEN]).is_none());
         assert!(SockAddr::unix(&[0; SUN_PATH_LEN]).is_some());

@@ -9,23 +9,24 @@
 //! flags other than AI_NUMERICHOST / AI_NUMERICSERV / AI_PASSIVE, odd type /
 //! proto pairs, out-of-range ports) goes to the resolver.
 //!
-//! A lookup in flight is a client of its loop: a loop closing first cancels
-//! it and drops its future, and its completion then frees it quietly (see
-//! `UvLoop::close`, which waits for it off the loop's thread).
+//! A lookup in flight is a client of its loop (`uv::resolver` owns the
+//! request): a loop closing first cancels it and drops its future, and its
+//! completion then frees it quietly (see `UvLoop::close`, which waits for it
+//! off the loop's thread).
 
 use std::cell::Cell;
 use std::ffi::{CStr, CString};
-use std::mem::MaybeUninit;
-use std::ptr;
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
-use crate::errors::{is_fatal_base, uv_error};
-use crate::eventloop::{ClientPtr, LoopClient, LoopCore, LoopShared};
+use crate::errors::is_fatal_base;
+use crate::eventloop::{LoopCore, LoopShared};
 use crate::net::addr::{self, SockAddr};
+use crate::os;
 use crate::python;
+use crate::uv::resolver::{self, AddrInfoList, Hints};
 use crate::uv::sys;
 
 /// The port of a numeric service: None, an exact int (socket.getaddrinfo
@@ -156,74 +157,40 @@ pub(crate) fn numeric_addrinfo<'py>(
     Ok(Some(PyList::new(py, items)?))
 }
 
-/// One libuv resolver request (`uv_getaddrinfo_t`, `uv_getnameinfo_t`) and
-/// the future it settles; the request comes first, so libuv's pointer to it
-/// is a pointer to the whole.
-#[repr(C)]
-struct Request<R> {
-    req: R,
-    /// Null once the loop closed first (the request is orphaned).
-    shared: Cell<*const LoopShared>,
+/// The future a resolver request (`uv::resolver`) settles; None once the
+/// loop closed first.
+struct Pending {
     future: Cell<Option<Py<PyAny>>>,
 }
 
-impl<R: 'static> Request<R> {
-    /// A request for libuv to fill in, registered with the loop; owned by
-    /// its completion once started.
-    fn start(py: Python<'_>, shared: &LoopShared, future: Py<PyAny>) -> *mut Request<R> {
-        let req = Box::into_raw(Box::new(Request {
-            // SAFETY: a plain C struct, initialised by the libuv call.
-            req: unsafe { MaybeUninit::zeroed().assume_init() },
-            shared: Cell::new(shared),
-            future: Cell::new(Some(future)),
-        }));
-        shared.register(py, ClientPtr(req as *const dyn LoopClient));
-        req
+impl Pending {
+    fn new(future: Py<PyAny>) -> Self {
+        Pending { future: Cell::new(Some(future)) }
     }
 
-    /// Frees a request libuv refused to start.
-    ///
-    /// # Safety
-    /// `req` came from `start` and libuv does not know it.
-    unsafe fn abandon(py: Python<'_>, req: *mut Request<R>) {
-        // SAFETY: per the contract.
-        let r = unsafe { Box::from_raw(req) };
-        // SAFETY: not orphaned: the loop is open (we are in a method of it).
-        unsafe { (*r.shared.get()).unregister(py, ClientPtr(req as *const dyn LoopClient)) };
-    }
-
-    /// Takes back a request libuv has completed (`req`, as its callback got
-    /// it) and settles the future: a socket.gaierror for a failed `status`,
-    /// else what `result` builds; nothing if the future was cancelled
-    /// meanwhile, or if the loop closed first. What goes wrong is handled as
-    /// any error raised in a libuv callback.
-    ///
-    /// # Safety
-    /// `req` came from `Request::<R>::start` and libuv is done with it.
-    unsafe fn finish(req: *mut R, status: i32, result: impl FnOnce(Python<'_>) -> PyResult<Bound<'_, PyAny>>) {
-        // SAFETY: per the contract.
-        let r = unsafe { Box::from_raw(req as *mut Request<R>) };
-        let shared = r.shared.get();
-        if shared.is_null() {
-            return; // orphaned: no Python object left, maybe no GIL either
-        }
-        // SAFETY: a request that is not orphaned completes on its open loop's
-        // thread, inside uv_run.
-        let shared = unsafe { &*shared };
-        // SAFETY: as above.
-        let py = unsafe { shared.reacquire_gil() };
-        shared.unregister(py, ClientPtr(&*r as *const Request<R> as *const dyn LoopClient));
-        let Some(future) = r.future.take() else { return };
+    /// Settles the future: a socket.gaierror for a failed request (the
+    /// libuv error code), else what `result` builds; nothing if the future
+    /// was cancelled meanwhile. What goes wrong is handled as any error
+    /// raised in a libuv callback.
+    fn settle<'py>(
+        &self,
+        py: Python<'py>,
+        shared: &LoopShared,
+        result: Result<impl FnOnce() -> PyResult<Bound<'py, PyAny>>, i32>,
+    ) {
+        let Some(future) = self.future.take() else { return };
         let future = future.bind(py);
         let outcome = python::call_method0(future, python::future::cancelled(py)).and_then(|c| c.is_truthy()).and_then(
             |cancelled| {
                 if cancelled {
-                    Ok(())
-                } else if status < 0 {
-                    let exc = gaierror(py, status)?.into_value(py);
-                    python::call_method(future, python::future::set_exception(py), (exc,)).map(drop)
-                } else {
-                    python::call_method(future, python::future::set_result(py), (result(py)?,)).map(drop)
+                    return Ok(());
+                }
+                match result {
+                    Err(status) => {
+                        let exc = gaierror(py, status)?.into_value(py);
+                        python::call_method(future, python::future::set_exception(py), (exc,)).map(drop)
+                    }
+                    Ok(result) => python::call_method(future, python::future::set_result(py), (result()?,)).map(drop),
                 }
             },
         );
@@ -237,24 +204,33 @@ impl<R: 'static> Request<R> {
     }
 }
 
-impl<R> LoopClient for Request<R> {
-    fn before_poll(&self, _py: Python<'_>) -> PyResult<()> {
-        Ok(())
-    }
-
-    fn close_with_loop(&self, py: Python<'_>) {
-        self.shared.set(ptr::null());
-        // SAFETY: the request is in flight on this loop; uv_cancel refuses
-        // one a worker is already running (it then completes normally).
-        unsafe { sys::uv_cancel(&self.req as *const R as *mut sys::uv_req_t) };
-        let future = self.future.take();
-        let _ = py;
-        drop(future);
+impl resolver::Lookup for Pending {
+    fn orphan(&self, _py: Python<'_>) {
+        drop(self.future.take());
     }
 }
 
-type GaiRequest = Request<sys::uv_getaddrinfo_t>;
-type NameInfoRequest = Request<sys::uv_getnameinfo_t>;
+impl resolver::AddrInfoLookup for Pending {
+    fn resolved(&self, py: Python<'_>, shared: &LoopShared, result: Result<&AddrInfoList, i32>) {
+        self.settle(py, shared, result.map(|list| move || Ok(addrinfo_list(py, list)?.into_any())));
+    }
+}
+
+impl resolver::NameInfoLookup for Pending {
+    /// (host, service), as socket.getnameinfo returns them.
+    fn named(&self, py: Python<'_>, shared: &LoopShared, result: Result<(&CStr, &CStr), i32>) {
+        self.settle(
+            py,
+            shared,
+            result.map(|(host, service)| {
+                move || {
+                    let text = |c: &CStr| c.to_string_lossy().into_owned();
+                    Ok((text(host), text(service)).into_pyobject(py)?.into_any())
+                }
+            }),
+        );
+    }
+}
 
 /// The name of the system EAI_* code for a libuv UV_EAI_* code.
 fn eai_name(code: i32) -> &'static str {
@@ -280,57 +256,31 @@ fn eai_name(code: i32) -> &'static str {
 fn gaierror(py: Python<'_>, code: i32) -> PyResult<PyErr> {
     let socket = python::socket_module(py)?;
     let sys_code: i32 = socket.getattr(eai_name(code)).and_then(|v| v.extract()).unwrap_or(libc::EAI_FAIL);
-    // SAFETY: gai_strerror returns a static string.
-    let msg = unsafe { CStr::from_ptr(libc::gai_strerror(sys_code)) }.to_string_lossy().into_owned();
+    let msg = os::net::gai_strerror(sys_code);
     let exc = socket.getattr("gaierror")?.call1((sys_code, msg))?;
     Ok(PyErr::from_value(exc))
 }
 
 /// The result list of a resolved name, as socket.getaddrinfo builds it.
-///
-/// # Safety
-/// `ai` is a list libuv's getaddrinfo returned.
-unsafe fn addrinfo_list<'py>(py: Python<'py>, mut ai: *const libc::addrinfo) -> PyResult<Bound<'py, PyList>> {
+fn addrinfo_list<'py>(py: Python<'py>, list: &AddrInfoList) -> PyResult<Bound<'py, PyList>> {
     let out = PyList::empty(py);
-    while !ai.is_null() {
-        // SAFETY: a node of the list.
-        let a = unsafe { &*ai };
-        let mut sa = SockAddr::empty();
-        let len = (a.ai_addrlen as usize).min(sa.len as usize);
-        // SAFETY: ai_addr holds ai_addrlen bytes; the storage has room.
-        unsafe { ptr::copy_nonoverlapping(a.ai_addr as *const u8, sa.as_mut_ptr() as *mut u8, len) };
-        sa.len = len as libc::socklen_t;
+    for a in list.nodes() {
+        let sa = a.address();
         if matches!(sa.family(), libc::AF_INET | libc::AF_INET6) {
-            let canon = if a.ai_canonname.is_null() {
-                String::new()
-            } else {
-                // SAFETY: a NUL-terminated string of the list.
-                unsafe { CStr::from_ptr(a.ai_canonname) }.to_string_lossy().into_owned()
-            };
+            let canon = a.canonname().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
             out.append(PyTuple::new(
                 py,
                 [
-                    python::address_family(py, a.ai_family)?.into_bound(py),
-                    python::socket_kind(py, a.ai_socktype)?.into_bound(py),
-                    a.ai_protocol.into_pyobject(py)?.into_any(),
+                    python::address_family(py, a.family())?.into_bound(py),
+                    python::socket_kind(py, a.socktype())?.into_bound(py),
+                    a.protocol().into_pyobject(py)?.into_any(),
                     canon.into_pyobject(py)?.into_any(),
                     sa.python_form(py)?.into_bound(py),
                 ],
             )?)?;
         }
-        ai = a.ai_next;
     }
     Ok(out)
-}
-
-unsafe extern "C" fn on_resolved(req: *mut sys::uv_getaddrinfo_t, status: i32, res: *mut sys::addrinfo) {
-    // SAFETY: libuv is done with the request, which came from start().
-    unsafe {
-        GaiRequest::finish(req, status, |py| Ok(addrinfo_list(py, res as *const libc::addrinfo)?.into_any()));
-        if !res.is_null() {
-            sys::uv_freeaddrinfo(res);
-        }
-    }
 }
 
 /// Starts resolving (`host`, `port`) (bytes or None) on `loop`'s libuv
@@ -350,54 +300,14 @@ pub(crate) fn resolve(
     flags: i32,
 ) -> PyResult<()> {
     let shared = loop_obj.get().shared();
-    let uv_loop = shared.uv_loop(py)?;
+    shared.uv_loop(py)?; // a closed loop refuses first
     let cstr = |b: Option<&[u8]>| -> PyResult<Option<CString>> {
         b.map(|b| CString::new(b).map_err(|_| pyo3::exceptions::PyValueError::new_err("embedded null byte")))
             .transpose()
     };
     let (node, service) = (cstr(host)?, cstr(port)?);
-    // SAFETY: plain C data.
-    let mut ai: libc::addrinfo = unsafe { MaybeUninit::zeroed().assume_init() };
-    ai.ai_family = family;
-    ai.ai_socktype = r#type;
-    ai.ai_protocol = proto;
-    ai.ai_flags = flags;
-    let req = GaiRequest::start(py, shared, future);
-    // SAFETY: libuv copies node, service and hints before returning.
-    let rc = unsafe {
-        sys::uv_getaddrinfo(
-            uv_loop,
-            &mut (*req).req,
-            Some(on_resolved),
-            node.as_ref().map_or(ptr::null(), |c| c.as_ptr()),
-            service.as_ref().map_or(ptr::null(), |c| c.as_ptr()),
-            &ai as *const libc::addrinfo as *const sys::addrinfo,
-        )
-    };
-    if rc < 0 {
-        // SAFETY: libuv refused the request.
-        unsafe { GaiRequest::abandon(py, req) };
-        return Err(uv_error(rc));
-    }
-    Ok(())
-}
-
-/// Completes `future` with (host, service) or a socket.gaierror, as
-/// socket.getnameinfo would return or raise.
-unsafe extern "C" fn on_name_info(
-    req: *mut sys::uv_getnameinfo_t,
-    status: i32,
-    host: *const libc::c_char,
-    service: *const libc::c_char,
-) {
-    // SAFETY: libuv is done with the request; host and service are
-    // NUL-terminated buffers of the request.
-    unsafe {
-        NameInfoRequest::finish(req, status, |py| {
-            let text = |p: *const libc::c_char| CStr::from_ptr(p).to_string_lossy().into_owned();
-            Ok((text(host), text(service)).into_pyobject(py)?.into_any())
-        });
-    }
+    let hints = Hints { family, socktype: r#type, protocol: proto, flags };
+    resolver::getaddrinfo(py, shared, Pending::new(future), node.as_deref(), service.as_deref(), &hints)
 }
 
 /// Starts `getnameinfo` of a numeric address (as socket.getnameinfo with
@@ -417,18 +327,9 @@ pub(crate) fn name_info(
     flags: i32,
 ) -> PyResult<()> {
     let shared = loop_obj.get().shared();
-    let uv_loop = shared.uv_loop(py)?;
+    shared.uv_loop(py)?; // a closed loop refuses first
     let bare = host.split('%').next().unwrap_or(host);
     let sa = SockAddr::ip(bare, 0, port, flowinfo, scope_id)
         .ok_or_else(|| pyo3::exceptions::PyValueError::new_err(format!("not a numeric address: {host:?}")))?;
-    let req = NameInfoRequest::start(py, shared, future);
-    // SAFETY: libuv copies the address before returning.
-    let rc =
-        unsafe { sys::uv_getnameinfo(uv_loop, &mut (*req).req, Some(on_name_info), sa.as_ptr() as *const _, flags) };
-    if rc < 0 {
-        // SAFETY: libuv refused the request.
-        unsafe { NameInfoRequest::abandon(py, req) };
-        return Err(uv_error(rc));
-    }
-    Ok(())
+    resolver::getnameinfo(py, shared, Pending::new(future), &sa, flags)
 }

@@ -10,15 +10,17 @@
 //! and the exceptions asyncio would raise, with the same errno, class and
 //! message.
 
-use std::ffi::c_void;
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd};
 
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
-use crate::errors::{last_errno, os_error};
+use crate::capi;
+use crate::errors::os_error;
 use crate::eventloop::LoopCore;
 use crate::net::addr::SockAddr;
+use crate::os;
 use crate::python;
 
 /// `(sockname, peername)` of a connected TCP socket, as asyncio's socket
@@ -29,15 +31,8 @@ use crate::python;
 pub(crate) fn tcp_names(py: Python<'_>, fd: i32, peername: Option<Py<PyAny>>) -> PyResult<(Py<PyAny>, Py<PyAny>)> {
     let name = |peer: bool| -> PyResult<Py<PyAny>> {
         let mut sa = SockAddr::empty();
-        // SAFETY: the storage is as large as `len` says.
-        let rc = unsafe {
-            if peer {
-                libc::getpeername(fd, sa.as_mut_ptr(), &mut sa.len)
-            } else {
-                libc::getsockname(fd, sa.as_mut_ptr(), &mut sa.len)
-            }
-        };
-        if rc < 0 || !matches!(sa.family(), libc::AF_INET | libc::AF_INET6) {
+        let rc = if peer { os::net::peer_name(fd, &mut sa) } else { os::net::sock_name(fd, &mut sa) };
+        if rc.is_err() || !matches!(sa.family(), libc::AF_INET | libc::AF_INET6) {
             return Ok(py.None());
         }
         sa.python_form(py)
@@ -73,31 +68,16 @@ pub(crate) fn tcp_connect(
     let Ok(text) = host.to_str() else { return Ok(None) };
     let Some(sa) = SockAddr::ip(text, 0, port, 0, 0) else { return Ok(None) };
     let family = sa.family();
-    // SAFETY: plain system calls on a descriptor created here.
-    let fd = unsafe {
-        libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::IPPROTO_TCP)
-    };
-    if fd < 0 {
-        return Err(os_error(last_errno()));
-    }
-    let fail = |err: PyErr| {
-        // SAFETY: the fd is ours and not handed out.
-        unsafe { libc::close(fd) };
-        Err(err)
-    };
-    // SAFETY: a valid address of its length.
-    if unsafe { libc::connect(fd, sa.as_ptr(), sa.len) } == 0 {
-        return Ok(Some((fd, family, None)));
-    }
-    let errno = last_errno();
-    if errno == libc::EINTR {
+    // Closed when dropped, on every failure below.
+    let sock = os::net::tcp_socket(family).map_err(os_error)?;
+    let fd = sock.as_raw_fd();
+    match os::net::connect(sock.as_fd(), &sa) {
+        Ok(()) => return Ok(Some((sock.into_raw_fd(), family, None))),
         // The socket module runs signal handlers first; the connection
         // goes on asynchronously (asyncio then waits for it).
-        if let Err(err) = py.check_signals() {
-            return fail(err);
-        }
-    } else if errno != libc::EINPROGRESS {
-        return fail(os_error(errno));
+        Err(libc::EINTR) => py.check_signals()?,
+        Err(libc::EINPROGRESS) => {}
+        Err(errno) => return Err(os_error(errno)),
     }
     let setup = || -> PyResult<Py<PyAny>> {
         let fut = loop_obj.call_method0(pyo3::intern!(py, "create_future"))?;
@@ -115,10 +95,8 @@ pub(crate) fn tcp_connect(
         loop_obj.call_method1(pyo3::intern!(py, "_set_fd_handler"), (fd, true, waiter, PyTuple::empty(py)))?;
         Ok(fut.unbind())
     };
-    match setup() {
-        Ok(fut) => Ok(Some((fd, family, Some(fut)))),
-        Err(err) => fail(err),
-    }
+    let fut = setup()?;
+    Ok(Some((sock.into_raw_fd(), family, Some(fut))))
 }
 
 /// The writer callback of a connecting socket: once writable, completes the
@@ -141,33 +119,24 @@ impl Connecting {
         if python::call_method0(fut, python::future::done(py))?.is_truthy()? {
             return Ok(());
         }
-        let mut err: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: err and len are valid for an int option.
-        let rc = unsafe {
-            libc::getsockopt(self.fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut err as *mut _ as *mut c_void, &mut len)
-        };
-        let outcome = if rc < 0 {
-            let errno = last_errno();
-            if errno == libc::EAGAIN || errno == libc::EINTR {
-                return Ok(()); // asyncio tries again when next writable
+        let outcome = match os::net::socket_error(self.fd) {
+            Err(libc::EAGAIN | libc::EINTR) => return Ok(()), // asyncio tries again when next writable
+            Err(errno) => Err(os_error(errno)),
+            Ok(0) => Ok(()),
+            Ok(err) => {
+                // The address as asyncio's sock_connect has it: (host, port), or
+                // (host, port, flowinfo, scope_id) for IPv6.
+                let host = self.host.bind(py).clone().into_any();
+                let port = self.port.into_pyobject(py)?.into_any();
+                let address = if self.family == libc::AF_INET6 {
+                    let zero = 0u32.into_pyobject(py)?.into_any();
+                    PyTuple::new(py, [host, port, zero.clone(), zero])?
+                } else {
+                    PyTuple::new(py, [host, port])?
+                };
+                let msg = format!("Connect call failed {}", address.str()?);
+                Err(PyOSError::new_err((err, msg)))
             }
-            Err(os_error(errno))
-        } else if err != 0 {
-            // The address as asyncio's sock_connect has it: (host, port), or
-            // (host, port, flowinfo, scope_id) for IPv6.
-            let host = self.host.bind(py).clone().into_any();
-            let port = self.port.into_pyobject(py)?.into_any();
-            let address = if self.family == libc::AF_INET6 {
-                let zero = 0u32.into_pyobject(py)?.into_any();
-                PyTuple::new(py, [host, port, zero.clone(), zero])?
-            } else {
-                PyTuple::new(py, [host, port])?
-            };
-            let msg = format!("Connect call failed {}", address.str()?);
-            Err(PyOSError::new_err((err, msg)))
-        } else {
-            Ok(())
         };
         self.loop_obj.get().shared().clear_fd_handler(py, self.fd, true);
         match outcome {
@@ -210,35 +179,25 @@ impl Acceptor {
         let mut accepted = 0;
         while accepted < self.backlog {
             let mut sa = SockAddr::empty();
-            // SAFETY: the storage is as large as `len` says.
-            let fd = unsafe {
-                libc::accept4(self.fd, sa.as_mut_ptr(), &mut sa.len, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
-            };
-            if fd < 0 {
-                return match last_errno() {
-                    libc::EINTR => {
-                        py.check_signals()?;
-                        continue;
-                    }
-                    libc::EAGAIN | libc::ECONNABORTED => Ok(()),
-                    e @ (libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
-                        python::call(self.on_error.bind(py), (os_error(e).into_value(py),))?;
-                        Ok(())
-                    }
-                    e => Err(os_error(e)),
-                };
-            }
-            accepted += 1;
-            let peer = match sa.python_form(py) {
-                Ok(p) => p,
-                Err(err) => {
-                    // SAFETY: the fd is ours until on_conn takes it.
-                    unsafe { libc::close(fd) };
-                    return Err(err);
+            let conn = match os::net::accept(self.fd, &mut sa) {
+                Ok(conn) => conn,
+                Err(libc::EINTR) => {
+                    py.check_signals()?;
+                    continue;
                 }
+                Err(libc::EAGAIN | libc::ECONNABORTED) => return Ok(()),
+                Err(e @ (libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)) => {
+                    python::call(self.on_error.bind(py), (os_error(e).into_value(py),))?;
+                    return Ok(());
+                }
+                Err(e) => return Err(os_error(e)),
             };
+            accepted += 1;
+            // (The connection is closed with `conn` if this fails.)
+            let peer = sa.python_form(py)?;
             // From here on_conn owns the fd (and closes it if it fails).
-            call_in_new_context(py, &self.on_conn, fd, peer)?;
+            let fd = conn.into_raw_fd();
+            capi::net::in_context_copy(py, || python::call(self.on_conn.bind(py), (fd, peer)).map(drop))?;
         }
         Ok(())
     }
@@ -247,28 +206,5 @@ impl Acceptor {
         visit.call(&self.on_conn)?;
         visit.call(&self.on_error)?;
         Ok(())
-    }
-}
-
-/// `func(fd, peer)` inside a fresh copy of the current context.
-fn call_in_new_context(py: Python<'_>, func: &Py<PyAny>, fd: i32, peer: Py<PyAny>) -> PyResult<()> {
-    // SAFETY: the context is a new reference, entered and exited around the
-    // call on this thread, then released.
-    unsafe {
-        let ctx = pyo3::ffi::PyContext_CopyCurrent();
-        if ctx.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        if pyo3::ffi::PyContext_Enter(ctx) < 0 {
-            pyo3::ffi::Py_DECREF(ctx);
-            return Err(PyErr::fetch(py));
-        }
-        let result = python::call(func.bind(py), (fd, peer));
-        let exited = pyo3::ffi::PyContext_Exit(ctx);
-        pyo3::ffi::Py_DECREF(ctx);
-        if exited < 0 {
-            return Err(PyErr::fetch(py));
-        }
-        result.map(drop)
     }
 }

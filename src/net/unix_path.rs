@@ -14,18 +14,16 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
+use crate::capi;
 use crate::errors::os_error;
 
 /// A path as `os.fsencode` gives it: str, bytes or a path-like object.
 /// One with a NUL inside is refused with the ValueError of the `os`
 /// function `func` (it would be another path to the kernel).
 fn fs_path(path: &Bound<'_, PyAny>, func: &str) -> PyResult<PathBuf> {
-    let py = path.py();
-    // SAFETY: GIL held; PyOS_FSPath returns a new reference or null with the error set.
-    let fspath = unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyOS_FSPath(path.as_ptr()))? };
+    let fspath = capi::net::fspath(path)?;
     let (encoded, was_str) = match fspath.cast::<PyString>() {
-        // SAFETY: as above, for the filesystem encoding of a str.
-        Ok(s) => (unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyUnicode_EncodeFSDefault(s.as_ptr()))? }, true),
+        Ok(s) => (capi::net::fs_encode(s)?.into_any(), true),
         Err(_) => (fspath, false),
     };
     let bytes = encoded.cast::<PyBytes>()?.as_bytes();

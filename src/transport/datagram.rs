@@ -257,7 +257,7 @@ impl DatagramCore {
             let n = unsafe {
                 match &dest {
                     None => libc::send(fd, bytes.as_ptr() as *const _, bytes.len(), 0),
-                    Some(sa) => libc::sendto(fd, bytes.as_ptr() as *const _, bytes.len(), 0, sa.as_ptr(), sa.len),
+                    Some(sa) => libc::sendto(fd, bytes.as_ptr() as *const _, bytes.len(), 0, sa.as_ptr(), sa.len()),
                 }
             };
             if n >= 0 {
@@ -308,8 +308,9 @@ impl DatagramCore {
             // have run Python code since the last attempt).
             let buf = readbuf::scratch(py)?;
             src = SockAddr::empty();
+            let (sa, len) = src.raw_mut();
             // SAFETY: the buffer and the address storage are sized.
-            let n = unsafe { libc::recvfrom(fd, buf as *mut _, READ_SIZE, 0, src.as_mut_ptr(), &mut src.len) };
+            let n = unsafe { libc::recvfrom(fd, buf as *mut _, READ_SIZE, 0, sa, len) };
             if n >= 0 {
                 let io = &self.shared().stats.io;
                 self.state.with(py, |st| st.base.stats.read(io, n as usize));
