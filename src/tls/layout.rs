@@ -133,14 +133,13 @@ static TYPES: PyOnceLock<Types> = PyOnceLock::new();
 
 pub(crate) fn types(py: Python<'_>) -> PyResult<&'static Types> {
     TYPES.get_or_try_init(py, || {
-        let m = py.import("_ssl")?;
         let ssl = py.import("ssl")?;
         let ssl_object = ssl.getattr("SSLObject")?.cast_into::<PyType>()?;
         let mut driven = Vec::new();
         for name in DRIVEN_METHODS {
             driven.push((name, ssl_object.getattr(name)?.unbind()));
         }
-        let layouts = Layouts::verify(py, &m, &ssl)?;
+        let layouts = Layouts::verify(py)?;
         Ok(Types { ssl_object: ssl_object.unbind(), driven, layouts })
     })
 }

@@ -263,14 +263,15 @@ unsafe fn static_str(p: *const c_char) -> Option<String> {
 /// Looks `name` up from `_ssl`'s handle; refuses a name `_ssl` cannot see
 /// or that the global scope defines differently. Records the library path.
 fn lookup(handle: &Loaded, name: &'static str, libs: &mut Vec<String>) -> Result<*mut c_void, String> {
-    let shown = &name[..name.len() - 1];
-    // SAFETY: `handle` is a live dlopen handle; `name` is NUL-terminated.
-    let local = unsafe { libc::dlsym(handle.0, name.as_ptr() as *const c_char) };
+    let shown = name.trim_end_matches('\0');
+    let cname = CStr::from_bytes_with_nul(name.as_bytes()).map_err(|_| format!("{shown}: not a C name"))?;
+    // SAFETY: `handle` is a live dlopen handle; `cname` is NUL-terminated.
+    let local = unsafe { libc::dlsym(handle.0, cname.as_ptr()) };
     if local.is_null() {
         return Err(format!("_ssl does not resolve {shown} (no shared OpenSSL behind it)"));
     }
     // SAFETY: as above; RTLD_DEFAULT searches the global scope.
-    let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr() as *const c_char) };
+    let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, cname.as_ptr()) };
     if !global.is_null() && global != local {
         return Err(format!(
             "{shown} is defined twice: {} (global scope) and {} (_ssl's libraries)",
@@ -327,17 +328,14 @@ pub(crate) struct Layouts {
 impl Layouts {
     /// Checks the interpreter, the types' sizes and `_ssl`'s module state
     /// (see layout.rs); `Err(reason)` when the layouts cannot be used.
-    pub(crate) fn verify(
-        py: Python<'_>,
-        m: &Bound<'_, PyModule>,
-        ssl: &Bound<'_, PyModule>,
-    ) -> PyResult<Result<Layouts, String>> {
+    pub(crate) fn verify(py: Python<'_>) -> PyResult<Result<Layouts, String>> {
+        let (m, ssl) = (py.import("_ssl")?, py.import("ssl")?);
         let get = |name: &str| -> PyResult<Py<PyType>> { Ok(m.getattr(name)?.cast_into::<PyType>()?.unbind()) };
         let (ssl_socket, memory_bio, context) = (get("_SSLSocket")?, get("MemoryBIO")?, get("_SSLContext")?);
         if let Some(why) = check_interpreter(py, &ssl_socket, &memory_bio)? {
             return Ok(Err(why));
         }
-        Ok(read_tables(py, m, ssl)?.map(|tables| Layouts { ssl_socket, memory_bio, context, tables }))
+        Ok(read_tables(py, &m, &ssl)?.map(|tables| Layouts { ssl_socket, memory_bio, context, tables }))
     }
 
     /// `_ssl`'s error tables.
