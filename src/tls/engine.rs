@@ -8,8 +8,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use pyo3::{PyTraverseError, PyVisit};
 
+use super::ossl::{self, Plaintext};
 use super::session::{Decrypted, Handshake, Opened, Shutdown, TlsSession, Write};
-use super::{ossl, verdict};
+use super::verdict;
 
 #[pyclass(module = "zuvrs._zuvrs", name = "_TlsEngine")]
 pub struct TlsEngine {
@@ -76,7 +77,7 @@ impl TlsEngine {
     fn read(&mut self, py: Python<'_>, size: usize) -> PyResult<Option<Py<PyBytes>>> {
         let mut buf = std::mem::take(&mut self.buf);
         buf.resize(size, 0);
-        let got = self.s().and_then(|s| s.read_into(py, &mut buf));
+        let got = self.s().and_then(|s| s.read_into(py, &mut buf[..]));
         let out = match got {
             Ok(Decrypted::Data(n)) => Ok(Some(PyBytes::new(py, &buf[..n]).unbind())),
             Ok(Decrypted::Closed) => Ok(Some(PyBytes::new(py, b"").unbind())),
@@ -89,13 +90,11 @@ impl TlsEngine {
 
     /// Into a writable buffer: the count; None: wants the peer; 0: closed.
     fn read_into(&mut self, py: Python<'_>, buffer: PyBuffer<u8>) -> PyResult<Option<usize>> {
-        if buffer.readonly() || !buffer.is_c_contiguous() {
+        // None: read-only or not C-contiguous. (The buffer is held for this
+        // call, so it cannot be resized meanwhile.)
+        let Some(mem) = Plaintext::of_buffer(&buffer) else {
             return Err(PyValueError::new_err("a writable contiguous buffer is needed"));
-        }
-        // SAFETY: a writable, contiguous buffer held for this call; nothing
-        // else runs Python code that could resize it while we write (the
-        // GIL is held, and OpenSSL's callbacks do not touch it).
-        let mem = unsafe { std::slice::from_raw_parts_mut(buffer.buf_ptr() as *mut u8, buffer.len_bytes()) };
+        };
         Ok(match self.s()?.read_into(py, mem)? {
             Decrypted::Data(n) => Some(n),
             Decrypted::Closed => Some(0),
@@ -143,8 +142,7 @@ impl TlsEngine {
 
     /// A copy of the waiting ciphertext, left in place.
     fn peek_output(&mut self, py: Python<'_>) -> PyResult<Py<PyBytes>> {
-        let s = self.s()?;
-        Ok(PyBytes::new(py, s.output(py)).unbind())
+        Ok(self.s()?.output_bytes(py).unbind())
     }
 
     fn consume_output(&mut self, py: Python<'_>, n: usize) -> PyResult<()> {
@@ -186,14 +184,10 @@ impl TlsEngine {
             if me.write(py, chunk)? != Write::Written(chunk.len()) {
                 return Err(PyValueError::new_err("write did not complete"));
             }
-            let n = {
-                let out = me.output(py);
-                peer.feed(py, out)?;
-                out.len()
-            };
+            let n = me.output_to(py, peer)?;
             me.consume_output(py, n);
             loop {
-                match peer.read_into(py, &mut buf)? {
+                match peer.read_into(py, &mut buf[..])? {
                     Decrypted::Data(n) => total += n,
                     Decrypted::WantRead => break,
                     Decrypted::Closed => return Ok(total),

@@ -34,12 +34,11 @@
 use std::borrow::Cow;
 use std::ffi::{c_int, c_long, c_ulong, CStr};
 
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::layout::{self, PySSLSocket, Tables};
+use super::layout::{self, Tables};
 use super::ossl::*;
 
 /// The `_SSLSocket` method whose C implementation the call replaces.
@@ -84,9 +83,10 @@ fn classes(py: Python<'_>) -> PyResult<&'static Classes> {
         let ssl = py.import("ssl")?;
         let get = |n: &str| ssl.getattr(n).map(Bound::unbind);
         let tables = layout::types(py)?
-            .tables
+            .layouts
             .as_ref()
-            .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("_ssl's error tables are unusable"))?;
+            .map(Layouts::tables)
+            .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("_ssl's error tables are unusable"))?;
         Ok(Classes {
             ssl_error: get("SSLError")?,
             cert_verification: get("SSLCertVerificationError")?,
@@ -131,89 +131,20 @@ fn lines(py: Python<'_>) -> [u32; 4] {
     })
 }
 
-fn cstr(p: *const std::ffi::c_char) -> Option<String> {
-    if p.is_null() {
-        None
-    } else {
-        // SAFETY: OpenSSL returns static NUL-terminated strings.
-        Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-    }
-}
-
-/// `OSError` from an errno value, as `PyErr_SetFromErrno` makes it.
-#[cfg(Py_3_13)]
-fn os_error(py: Python<'_>, errno: c_int) -> PyErr {
-    // SAFETY: sets errno for this thread, then lets CPython build the
-    // exception from it (it always sets one and returns NULL).
-    unsafe {
-        *libc::__errno_location() = errno;
-        ffi::PyErr_SetFromErrno(ffi::PyExc_OSError);
-    }
-    PyErr::fetch(py)
-}
-
-/// Takes the exception a callback parked on the `_SSLSocket`, if any.
-///
-/// # Safety
-/// `sock` is a live `_ssl._SSLSocket` whose layout was verified; GIL held.
-pub(crate) unsafe fn take_parked(py: Python<'_>, sock: *mut PySSLSocket) -> Option<PyErr> {
-    // SAFETY: the caller's contract; the field's reference moves to us and
-    // the field is cleared, as PySSL_ChainExceptions does.
-    #[cfg(Py_3_12)]
-    unsafe {
-        let exc = (*sock).exc;
-        if exc.is_null() {
-            return None;
-        }
-        (*sock).exc = std::ptr::null_mut();
-        Some(PyErr::from_value(Bound::from_owned_ptr(py, exc)))
-    }
-    // SAFETY: as above, for the (type, value, traceback) triple of 3.10/3.11.
-    #[cfg(not(Py_3_12))]
-    unsafe {
-        let t = (*sock).exc_type;
-        if t.is_null() {
-            return None;
-        }
-        let (v, tb) = ((*sock).exc_value, (*sock).exc_tb);
-        (*sock).exc_type = std::ptr::null_mut();
-        (*sock).exc_value = std::ptr::null_mut();
-        (*sock).exc_tb = std::ptr::null_mut();
-        // The three references move into the error indicator, and out of
-        // it normalised.
-        ffi::PyErr_Restore(t, v, tb);
-        PyErr::take(py)
-    }
-}
-
 /// `PySSL_ChainExceptions`: the parked exception becomes the `__context__`
 /// of `err`.
 fn chain(py: Python<'_>, err: PyErr, parked: Option<PyErr>) -> PyErr {
-    if let Some(parked) = parked {
-        let value = err.value(py);
-        // SAFETY: both are exception instances; SetContext steals the
-        // reference passed for the context.
-        unsafe { ffi::PyException_SetContext(value.as_ptr(), parked.into_value(py).into_ptr()) };
+    if parked.is_some() {
+        err.set_context(py, parked);
     }
     err
 }
 
 /// The exception `_ssl` raises for `f` on this connection (and clears
 /// OpenSSL's error queue, as `_ssl` does).
-///
-/// # Safety
-/// `ssl` / `sock` are the live, verified pointers of the connection whose
-/// `_SSLSocket` is `sslsock`; GIL held.
-pub(crate) unsafe fn failure(
-    py: Python<'_>,
-    fns: &Fns,
-    ssl: *mut SSL,
-    sock: *mut PySSLSocket,
-    sslsock: &Bound<'_, PyAny>,
-    f: Failure,
-) -> PyErr {
-    // SAFETY: thread-local queue accessors (the caller's contract).
-    let e: c_ulong = unsafe { (fns.ERR_peek_last_error)() };
+pub(crate) fn failure(py: Python<'_>, conn: &Conn, f: Failure) -> PyErr {
+    let fns = conn.fns();
+    let e: c_ulong = fns.err_peek_last_error();
     let (lib, reason) = (err_get_lib(e), err_get_reason(e));
     let c = match classes(py) {
         Ok(c) => c,
@@ -263,8 +194,7 @@ pub(crate) unsafe fn failure(
                 }
                 #[cfg(Py_3_13)]
                 {
-                    // SAFETY: see above.
-                    unsafe { (fns.ERR_clear_error)() };
+                    fns.err_clear_error();
                     if f.errno != 0 {
                         return os_error(py, f.errno);
                     }
@@ -308,20 +238,13 @@ pub(crate) unsafe fn failure(
         }
     }
     let is_verify = ty.is(&c.cert_verification);
-    let verify_code: c_long = if is_verify {
-        // SAFETY: the caller's contract.
-        unsafe { (fns.SSL_get_verify_result)(ssl) }
-    } else {
-        0
-    };
+    let verify_code: c_long = if is_verify { conn.get_verify_result(py) } else { 0 };
     let line = lines(py)[f.op as usize];
+    let sslsock = conn.sslsock().bind(py);
     let err =
         fill(py, fns, c, ty, p, errstr, line, e, is_verify.then_some(verify_code), sslsock).unwrap_or_else(|err| err);
-    // SAFETY: see above.
-    unsafe { (fns.ERR_clear_error)() };
-    // SAFETY: the caller's contract.
-    let parked = unsafe { take_parked(py, sock) };
-    chain(py, err, parked)
+    fns.err_clear_error();
+    chain(py, err, conn.take_parked(py))
 }
 
 /// `fill_and_set_sslerror`.
@@ -345,8 +268,7 @@ fn fill(
         reason_obj = c.tables.err_codes_to_names.bind(py).get_item(PyTuple::new(py, [lib, reason])?)?;
         lib_obj = c.tables.lib_codes_to_names.bind(py).get_item(lib)?;
         if errstr.is_none() {
-            // SAFETY: a lookup in OpenSSL's static tables.
-            errstr = cstr(unsafe { (fns.ERR_reason_error_string)(e) }).map(Cow::Owned);
+            errstr = fns.err_reason_error_string(e).map(Cow::Owned);
         }
     }
     #[cfg(not(Py_3_14))]
@@ -362,13 +284,10 @@ fn fill(
                 let what = if code == X509_V_ERR_HOSTNAME_MISMATCH { "Hostname" } else { "IP address" };
                 format!("{what} mismatch, certificate is not valid for '{host}'.").into_pyobject(py)?.into_any()
             }
-            _ => {
-                // SAFETY: a lookup in OpenSSL's static tables.
-                match cstr(unsafe { (fns.X509_verify_cert_error_string)(code) }) {
-                    Some(s) => s.into_pyobject(py)?.into_any(),
-                    None => py.None().into_bound(py),
-                }
-            }
+            _ => match fns.x509_verify_cert_error_string(code) {
+                Some(s) => s.into_pyobject(py)?.into_any(),
+                None => py.None().into_bound(py),
+            },
         }),
     };
 

@@ -11,8 +11,10 @@
 //! interpreter, an SSLObject subclass overriding what is driven here), the
 //! caller falls back to asyncio's sslproto.
 //!
-//! - `ossl`: the OpenSSL functions, resolved through `_ssl` itself.
-//! - `layout`: CPython's `_ssl` structs, and reading the pointers from them.
+//! - `ossl`: the OpenSSL functions, resolved through `_ssl` itself, and
+//!   every unsafe step: OpenSSL calls, reads of `_ssl`'s objects, the
+//!   memory TLS reads decrypt into.
+//! - `layout`: CPython's `_ssl` structs, and the checks on an SSLObject.
 //! - `verdict`: the once-per-process proof that the functions are `_ssl`'s
 //!   and the layouts hold.
 //! - `errors`: the stdlib's exceptions, built natively the way `_ssl` does.
@@ -29,5 +31,6 @@ mod verdict;
 pub(crate) use engine::TlsEngine;
 #[allow(unused_imports)]
 pub(crate) use errors::is_again;
+pub(crate) use ossl::{UniqueBytes, WritableBuffer};
 #[allow(unused_imports)]
 pub(crate) use session::{Decrypted, Handshake, Opened, Shutdown, TlsSession, Write, MAX_RECORD};

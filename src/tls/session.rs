@@ -2,8 +2,8 @@
 //! a stdlib `ssl.SSLObject`.
 //!
 //! The session owns references to the SSLObject, its `_ssl._SSLSocket` and
-//! the two MemoryBIOs, so the OpenSSL objects they own outlive every raw
-//! pointer kept here. All methods take `Python<'_>`: the GIL is held for
+//! the two MemoryBIOs (these three in its `ossl::Conn`), so the OpenSSL
+//! objects they own outlive the pointers the `Conn` keeps. All methods take `Python<'_>`: the GIL is held for
 //! every OpenSSL call, and callbacks that `_ssl` installed (SNI, keylog,
 //! msg_callback) run inside those calls and take it again with
 //! `PyGILState_Ensure`, which nests on the thread that holds it (the keylog
@@ -14,17 +14,17 @@
 //! writes what the socket received into the incoming BIO; handshake, read,
 //! write and shutdown may all leave ciphertext in the outgoing BIO (a
 //! read can answer a renegotiation, a key update or a post-handshake
-//! authentication request), which `output` / `consume_output` (no copy) or
+//! authentication request), which `output_ptr` / `consume_output` (no copy) or
 //! `take_output` hand to the socket.
 
-use std::ffi::{c_int, c_long, c_void};
-use std::ptr::NonNull;
+use std::ffi::c_int;
 
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 use super::errors::{self, Failure, Op};
-use super::layout::{self, PySSLMemoryBIO, PySSLSocket};
-use super::ossl::{self, Fns, BIO, SSL};
+use super::layout;
+use super::ossl::{self, Conn, Plaintext};
 use super::verdict;
 
 /// The most plaintext one TLS record carries: the unit of write coalescing.
@@ -77,30 +77,19 @@ pub(crate) enum Shutdown {
 }
 
 pub(crate) struct TlsSession {
-    fns: &'static Fns,
-    ssl: NonNull<SSL>,
-    rbio: NonNull<BIO>,
-    wbio: NonNull<BIO>,
+    /// The `_SSLSocket`'s `SSL *` and the MemoryBIOs' `BIO *`s, with the
+    /// objects that own them.
+    conn: Conn,
     bio_seek: bool,
     sslobj: Py<PyAny>,
-    sslsock: Py<PyAny>,
-    incoming: Py<PyAny>,
-    outgoing: Py<PyAny>,
     /// Small writes gathered into records (kept at MAX_RECORD capacity).
     scratch: Vec<u8>,
 }
 
-// SAFETY: the raw pointers are only dereferenced with the GIL held (every
-// method takes `Python<'_>`), and the objects they point into are kept
-// alive by the `Py` references beside them.
-unsafe impl Send for TlsSession {}
-// SAFETY: as for Send: shared use is serialised by the GIL.
-unsafe impl Sync for TlsSession {}
-
 /// errno right now.
+#[inline]
 fn errno() -> c_int {
-    // SAFETY: errno is thread-local.
-    unsafe { *libc::__errno_location() }
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
 impl TlsSession {
@@ -123,27 +112,14 @@ impl TlsSession {
             Ok(s) => s,
             Err(_) => return Ok(Opened::NotNative("the SSLObject has no _sslobj".into())),
         };
-        let p = match layout::read_pointers(py, fns, sslobj, &sslsock, incoming, outgoing)? {
-            Ok(p) => p,
+        let conn = match layout::open(py, fns, sslobj, &sslsock, incoming, outgoing)? {
+            Ok(c) => c,
             Err(why) => return Ok(Opened::NotNative(why)),
         };
-        // SAFETY: the verified live SSL; SSL_get_mode is SSL_ctrl(MODE, 0).
-        let mode = unsafe { (fns.SSL_ctrl)(p.ssl, ossl::SSL_CTRL_MODE, 0, std::ptr::null_mut()) };
-        if mode & ossl::SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER == 0 {
-            return Ok(Opened::NotNative("the SSL does not accept moving write buffers".into()));
-        }
-        let _ = ossl::SSL_MODE_ENABLE_PARTIAL_WRITE; // handled either way: write() reports what it took
         Ok(Opened::Native(TlsSession {
-            fns,
-            // Non-null: checked by read_pointers.
-            ssl: NonNull::new(p.ssl).expect("checked"),
-            rbio: NonNull::new(p.rbio).expect("checked"),
-            wbio: NonNull::new(p.wbio).expect("checked"),
+            conn,
             bio_seek: verdict.bio_seek,
             sslobj: sslobj.clone().unbind(),
-            sslsock: sslsock.unbind(),
-            incoming: incoming.clone().unbind(),
-            outgoing: outgoing.clone().unbind(),
             scratch: Vec::new(),
         }))
     }
@@ -154,45 +130,37 @@ impl TlsSession {
 
     /// The stdlib objects, for the cyclic GC.
     pub(crate) fn objects(&self) -> [&Py<PyAny>; 4] {
-        [&self.sslobj, &self.sslsock, &self.incoming, &self.outgoing]
-    }
-
-    fn sock_struct(&self) -> *mut PySSLSocket {
-        self.sslsock.as_ptr() as *mut PySSLSocket
+        let [sslsock, incoming, outgoing] = self.conn.objects();
+        [&self.sslobj, sslsock, incoming, outgoing]
     }
 
     /// Clears errors other code left in this thread's OpenSSL queue:
     /// SSL_get_error reads any queued error as the call's.
     #[inline]
     fn clear_stale_errors(&self) {
-        // SAFETY: thread-local queue accessors.
-        unsafe {
-            if (self.fns.ERR_peek_error)() != 0 {
-                (self.fns.ERR_clear_error)();
-            }
+        let fns = self.conn.fns();
+        if fns.err_peek_error() != 0 {
+            fns.err_clear_error();
         }
     }
 
     /// The failure of the call that just returned `ret` (errno first, as
     /// `_ssl`'s `_PySSL_errno` takes it).
     #[inline]
-    fn failure_of(&self, op: Op, ret: c_int) -> Failure {
+    fn failure_of(&self, py: Python<'_>, op: Op, ret: c_int) -> Failure {
         let errno = errno();
-        // SAFETY: the live SSL (see the struct's invariant).
-        let ssl_error = unsafe { (self.fns.SSL_get_error)(self.ssl.as_ptr(), ret) };
+        let ssl_error = self.conn.get_error(py, ret);
         Failure { op, ret, ssl_error, errno }
     }
 
     fn raise(&self, py: Python<'_>, f: Failure) -> PyErr {
-        // SAFETY: the verified live pointers of this connection; GIL held.
-        unsafe { errors::failure(py, self.fns, self.ssl.as_ptr(), self.sock_struct(), self.sslsock.bind(py), f) }
+        errors::failure(py, &self.conn, f)
     }
 
     /// After a successful call: `_ssl` raises an exception a callback
     /// parked during it.
     fn parked(&self, py: Python<'_>) -> PyResult<()> {
-        // SAFETY: verified layout; GIL held.
-        match unsafe { errors::take_parked(py, self.sock_struct()) } {
+        match self.conn.take_parked(py) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -201,22 +169,17 @@ impl TlsSession {
     /// After a WANT_READ: `_ssl` raises SSLWantReadError with the parked
     /// exception as its context, and asyncio's sslproto swallows both.
     fn drop_parked(&self, py: Python<'_>) {
-        // SAFETY: as `parked`.
-        drop(unsafe { errors::take_parked(py, self.sock_struct()) });
+        drop(self.conn.take_parked(py));
     }
 
     /// Ciphertext from the socket into the incoming BIO
     /// (`MemoryBIO.write`).
     pub(crate) fn feed(&mut self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
-        // SAFETY: the incoming MemoryBIO's verified layout; read only.
-        if unsafe { (*(self.incoming.as_ptr() as *const PySSLMemoryBIO)).eof_written } != 0 {
+        if self.conn.incoming_eof_written(py) {
             return Err(errors::plain_ssl_error(py, "cannot write() after write_eof()"));
         }
         for chunk in data.chunks(c_int::MAX as usize) {
-            // SAFETY: the live read BIO; a memory BIO copies the bytes.
-            let n = unsafe {
-                (self.fns.BIO_write)(self.rbio.as_ptr(), chunk.as_ptr() as *const c_void, chunk.len() as c_int)
-            };
+            let n = self.conn.feed(py, chunk);
             if n < 0 || n as usize != chunk.len() {
                 // A memory BIO only fails to grow when out of memory.
                 return Err(pyo3::exceptions::PyMemoryError::new_err("failed to grow the incoming BIO"));
@@ -228,20 +191,20 @@ impl TlsSession {
     /// The peer closed its end (`MemoryBIO.write_eof()`: the stdlib's own
     /// method, once per connection).
     pub(crate) fn feed_eof(&mut self, py: Python<'_>) -> PyResult<()> {
-        self.incoming.bind(py).call_method0("write_eof").map(drop)
+        self.conn.incoming().bind(py).call_method0("write_eof").map(drop)
     }
 
     /// `SSL_do_handshake` (also what sends a TLS 1.3 post-handshake
     /// CertificateRequest after `sslobj.verify_client_post_handshake()`).
     pub(crate) fn handshake(&mut self, py: Python<'_>) -> PyResult<Handshake> {
         self.clear_stale_errors();
-        // SAFETY: the live SSL; callbacks take the GIL we hold (nested).
-        let ret = unsafe { (self.fns.SSL_do_handshake)(self.ssl.as_ptr()) };
+        // Callbacks take the GIL we hold (nested).
+        let ret = self.conn.do_handshake(py);
         if ret == 1 {
             self.parked(py)?;
             return Ok(Handshake::Done);
         }
-        let f = self.failure_of(Op::Handshake, ret);
+        let f = self.failure_of(py, Op::Handshake, ret);
         if f.ssl_error == ossl::SSL_ERROR_WANT_READ {
             self.drop_parked(py);
             return Ok(Handshake::WantRead);
@@ -250,27 +213,24 @@ impl TlsSession {
     }
 
     /// Whether the handshake has completed.
-    pub(crate) fn is_handshake_done(&self, _py: Python<'_>) -> bool {
-        // SAFETY: the live SSL; a read-only accessor.
-        unsafe { (self.fns.SSL_is_init_finished)(self.ssl.as_ptr()) == 1 }
+    pub(crate) fn is_handshake_done(&self, py: Python<'_>) -> bool {
+        self.conn.is_init_finished(py)
     }
 
     /// Decrypts into `buf` (the loop's read buffer, or a BufferedProtocol's
     /// `get_buffer()` memory) with one `SSL_read_ex`.
-    pub(crate) fn read_into(&mut self, py: Python<'_>, buf: &mut [u8]) -> PyResult<Decrypted> {
+    pub(crate) fn read_into<'b>(&mut self, py: Python<'_>, buf: impl Into<Plaintext<'b>>) -> PyResult<Decrypted> {
+        let buf = buf.into();
         if buf.is_empty() {
             return Ok(Decrypted::Data(0));
         }
         self.clear_stale_errors();
-        let mut n = 0usize;
-        // SAFETY: the live SSL; `buf` is writable for its length.
-        let ret =
-            unsafe { (self.fns.SSL_read_ex)(self.ssl.as_ptr(), buf.as_mut_ptr() as *mut c_void, buf.len(), &mut n) };
+        let (ret, n) = self.conn.read(py, buf);
         if ret == 1 {
             self.parked(py)?;
             return Ok(Decrypted::Data(n));
         }
-        let f = self.failure_of(Op::Read, 0);
+        let f = self.failure_of(py, Op::Read, 0);
         match f.ssl_error {
             ossl::SSL_ERROR_WANT_READ => {
                 self.drop_parked(py);
@@ -284,16 +244,13 @@ impl TlsSession {
     }
 
     /// Plaintext already decrypted and not yet read (`SSL_pending`).
-    pub(crate) fn pending(&self, _py: Python<'_>) -> usize {
-        // SAFETY: the live SSL; read-only.
-        unsafe { (self.fns.SSL_pending)(self.ssl.as_ptr()) }.max(0) as usize
+    pub(crate) fn pending(&self, py: Python<'_>) -> usize {
+        self.conn.pending(py).max(0) as usize
     }
 
     /// Ciphertext fed and not yet processed.
-    pub(crate) fn incoming_len(&self, _py: Python<'_>) -> usize {
-        // SAFETY: the live read BIO; read-only.
-        unsafe { (self.fns.BIO_ctrl)(self.rbio.as_ptr(), ossl::BIO_CTRL_PENDING, 0, std::ptr::null_mut()) }.max(0)
-            as usize
+    pub(crate) fn incoming_len(&self, py: Python<'_>) -> usize {
+        self.conn.incoming_pending(py)
     }
 
     /// Whether a `read_into` may yield more without new input.
@@ -304,19 +261,16 @@ impl TlsSession {
     /// Encrypts `data` with one `SSL_write_ex` (records of up to 16 KiB).
     pub(crate) fn write(&mut self, py: Python<'_>, data: &[u8]) -> PyResult<Write> {
         self.clear_stale_errors();
-        self.write_raw(py, data.as_ptr(), data.len())
+        self.write_raw(py, data)
     }
 
-    fn write_raw(&mut self, py: Python<'_>, ptr: *const u8, len: usize) -> PyResult<Write> {
-        let mut n = 0usize;
-        // SAFETY: the live SSL; `ptr` is readable for `len` bytes (the
-        // SSL accepts a moving buffer on a retry, checked in `open`).
-        let ret = unsafe { (self.fns.SSL_write_ex)(self.ssl.as_ptr(), ptr as *const c_void, len, &mut n) };
+    fn write_raw(&mut self, py: Python<'_>, data: &[u8]) -> PyResult<Write> {
+        let (ret, n) = self.conn.write(py, data);
         if ret == 1 {
             self.parked(py)?;
             return Ok(Write::Written(n));
         }
-        let f = self.failure_of(Op::Write, 0);
+        let f = self.failure_of(py, Op::Write, 0);
         if f.ssl_error == ossl::SSL_ERROR_WANT_READ {
             self.drop_parked(py);
             return Ok(Write::WantRead);
@@ -345,7 +299,7 @@ impl TlsSession {
             let mut rest: &[u8] = buf;
             while !rest.is_empty() {
                 if scratch.is_empty() && rest.len() >= MAX_RECORD {
-                    match self.write_raw(py, rest.as_ptr(), rest.len())? {
+                    match self.write_raw(py, rest)? {
                         Write::Written(n) => {
                             taken += n;
                             rest = &rest[n..];
@@ -362,7 +316,7 @@ impl TlsSession {
                 scratch.extend_from_slice(&rest[..k]);
                 rest = &rest[k..];
                 if scratch.len() == MAX_RECORD {
-                    match self.write_raw(py, scratch.as_ptr(), scratch.len())? {
+                    match self.write_raw(py, scratch)? {
                         Write::Written(n) => taken += n,
                         Write::WantRead => return Ok((taken, Write::WantRead)),
                     }
@@ -371,7 +325,7 @@ impl TlsSession {
             }
         }
         if !scratch.is_empty() {
-            match self.write_raw(py, scratch.as_ptr(), scratch.len())? {
+            match self.write_raw(py, scratch)? {
                 Write::Written(n) => taken += n,
                 Write::WantRead => return Ok((taken, Write::WantRead)),
             }
@@ -380,91 +334,55 @@ impl TlsSession {
     }
 
     /// Ciphertext waiting in the outgoing BIO.
-    pub(crate) fn output_len(&self, _py: Python<'_>) -> usize {
-        // SAFETY: the live write BIO; read-only.
-        unsafe { (self.fns.BIO_ctrl)(self.wbio.as_ptr(), ossl::BIO_CTRL_PENDING, 0, std::ptr::null_mut()) }.max(0)
-            as usize
+    pub(crate) fn output_len(&self, py: Python<'_>) -> usize {
+        self.conn.output_pending(py)
     }
 
-    /// The ciphertext waiting, in place (valid until the next call on the
-    /// session: any of them may append to, or move, the BIO's memory; no
-    /// Python code may run while it is held, since `sslobj` / `outgoing`
-    /// methods could do the same). Hand it to the socket, then
-    /// `consume_output` what the socket took.
-    pub(crate) fn output<'a>(&'a self, _py: Python<'a>) -> &'a [u8] {
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: BIO_get_mem_data: a pointer to the unread bytes of the
-        // live write BIO and their count, stable while nothing writes it.
-        unsafe {
-            let n = (self.fns.BIO_ctrl)(self.wbio.as_ptr(), ossl::BIO_CTRL_INFO, 0, &mut p as *mut _ as *mut c_void);
-            if p.is_null() || n <= 0 {
-                return &[];
-            }
-            std::slice::from_raw_parts(p as *const u8, n as usize)
+    /// Where the waiting ciphertext is, in place, and its size: for a
+    /// system call made at once (valid until the next call on the session,
+    /// any of which may append to or move the BIO's memory, and until
+    /// Python code runs, since `sslobj` / `outgoing` methods could do the
+    /// same). Hand it to the socket, then `consume_output` what it took.
+    #[inline]
+    pub(crate) fn output_ptr(&self, py: Python<'_>) -> (*const u8, usize) {
+        self.conn.output_ptr(py)
+    }
+
+    /// A copy of the waiting ciphertext, left in place.
+    pub(crate) fn output_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        self.conn.output_bytes(py)
+    }
+
+    /// The waiting ciphertext fed to `peer`'s input with no copy in
+    /// between, left in place here (then `consume_output`); its size.
+    pub(crate) fn output_to(&self, py: Python<'_>, peer: &mut TlsSession) -> PyResult<usize> {
+        if peer.conn.incoming_eof_written(py) {
+            return Err(errors::plain_ssl_error(py, "cannot write() after write_eof()"));
         }
+        let (n, len) = self.conn.output_into(py, &peer.conn);
+        if n < 0 || n as usize != len {
+            return Err(pyo3::exceptions::PyMemoryError::new_err("failed to grow the incoming BIO"));
+        }
+        Ok(len)
     }
 
     /// Drops the first `n` bytes of the output (what the socket took).
-    pub(crate) fn consume_output(&mut self, _py: Python<'_>, n: usize) {
-        let wbio = self.wbio.as_ptr();
-        let n = n.min(self.output_len(_py));
-        if n == 0 {
-            return;
-        }
-        // SAFETY: the live write BIO. Seeking moves its read pointer
-        // (probed at start-up); otherwise the bytes are read out.
-        unsafe {
-            if self.bio_seek {
-                let tell = (self.fns.BIO_ctrl)(wbio, ossl::BIO_C_FILE_TELL, 0, std::ptr::null_mut());
-                if tell >= 0
-                    && (self.fns.BIO_ctrl)(wbio, ossl::BIO_C_FILE_SEEK, tell + n as c_long, std::ptr::null_mut()) >= 0
-                {
-                    return;
-                }
-            }
-            let mut sink = [0u8; 4096];
-            let mut left = n;
-            while left > 0 {
-                let k = left.min(sink.len());
-                let got = (self.fns.BIO_read)(wbio, sink.as_mut_ptr() as *mut c_void, k as c_int);
-                if got <= 0 {
-                    break;
-                }
-                left -= got as usize;
-            }
-        }
+    pub(crate) fn consume_output(&mut self, py: Python<'_>, n: usize) {
+        self.conn.consume_output(py, n, self.bio_seek);
     }
 
     /// Appends the waiting ciphertext to `out` (one copy); returns its size.
     pub(crate) fn take_output(&mut self, py: Python<'_>, out: &mut Vec<u8>) -> usize {
-        let n = self.output_len(py);
-        if n == 0 {
-            return 0;
-        }
-        out.reserve(n);
-        let spare = out.spare_capacity_mut();
-        let want = n.min(c_int::MAX as usize);
-        // SAFETY: the live write BIO copies at most `want` bytes into the
-        // reserved spare capacity, and says how many.
-        let got = unsafe { (self.fns.BIO_read)(self.wbio.as_ptr(), spare.as_mut_ptr() as *mut c_void, want as c_int) };
-        if got <= 0 {
-            return 0;
-        }
-        // SAFETY: `got` bytes were initialised just above.
-        unsafe { out.set_len(out.len() + got as usize) };
-        got as usize
+        self.conn.read_output(py, out)
     }
 
     /// `SSL_shutdown` as the stdlib's `unwrap()` calls it: close_notify out,
     /// then (the second call) a look for the peer's in the input.
     pub(crate) fn shutdown(&mut self, py: Python<'_>) -> PyResult<Shutdown> {
         self.clear_stale_errors();
-        let ssl = self.ssl.as_ptr();
         let mut zeros = 0;
         loop {
-            // SAFETY: the live SSL. (`_ssl` turns read-ahead off before the
-            // second call; it is off with memory BIOs already.)
-            let ret = unsafe { (self.fns.SSL_shutdown)(ssl) };
+            let ret = self.conn.shutdown(py);
             if ret > 0 {
                 self.parked(py)?;
                 return Ok(Shutdown::Complete);
@@ -478,7 +396,7 @@ impl TlsSession {
                 }
                 continue;
             }
-            let f = self.failure_of(Op::Shutdown, ret);
+            let f = self.failure_of(py, Op::Shutdown, ret);
             if f.ssl_error == ossl::SSL_ERROR_WANT_READ {
                 self.drop_parked(py);
                 return Ok(Shutdown::Sent);
@@ -488,9 +406,8 @@ impl TlsSession {
     }
 
     /// `SSL_get_shutdown`: which close_notify alerts have passed.
-    pub(crate) fn shutdown_state(&self, _py: Python<'_>) -> (bool, bool) {
-        // SAFETY: the live SSL; read-only.
-        let s = unsafe { (self.fns.SSL_get_shutdown)(self.ssl.as_ptr()) };
+    pub(crate) fn shutdown_state(&self, py: Python<'_>) -> (bool, bool) {
+        let s = self.conn.get_shutdown(py);
         (s & ossl::SSL_SENT_SHUTDOWN != 0, s & ossl::SSL_RECEIVED_SHUTDOWN != 0)
     }
 
@@ -498,9 +415,8 @@ impl TlsSession {
     /// from this side (the stdlib cannot start either).
     pub(crate) fn start_renegotiation(&mut self, py: Python<'_>) -> PyResult<Handshake> {
         self.clear_stale_errors();
-        // SAFETY: the live SSL.
-        if unsafe { (self.fns.SSL_renegotiate)(self.ssl.as_ptr()) } != 1 {
-            let f = self.failure_of(Op::Handshake, 0);
+        if self.conn.renegotiate(py) != 1 {
+            let f = self.failure_of(py, Op::Handshake, 0);
             return Err(self.raise(py, Failure { ssl_error: ossl::SSL_ERROR_SSL, ..f }));
         }
         self.handshake(py)
@@ -508,9 +424,9 @@ impl TlsSession {
 
     pub(crate) fn request_key_update(&mut self, py: Python<'_>) -> PyResult<()> {
         self.clear_stale_errors();
-        // SAFETY: the live SSL; 1 = SSL_KEY_UPDATE_REQUESTED.
-        if unsafe { (self.fns.SSL_key_update)(self.ssl.as_ptr(), 1) } != 1 {
-            let f = self.failure_of(Op::Handshake, 0);
+        // 1 = SSL_KEY_UPDATE_REQUESTED.
+        if self.conn.key_update(py, 1) != 1 {
+            let f = self.failure_of(py, Op::Handshake, 0);
             return Err(self.raise(py, Failure { ssl_error: ossl::SSL_ERROR_SSL, ..f }));
         }
         Ok(())

@@ -15,7 +15,7 @@
 //! - a memory BIO can be consumed by seeking (probed on a private BIO), else
 //!   output is consumed by reading it out.
 
-use std::ffi::{c_char, c_int, c_void, CString};
+use std::ffi::c_int;
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -40,7 +40,7 @@ pub(crate) fn verdict(py: Python<'_>) -> &'static Verdict {
     VERDICT.get_or_init(py, || {
         let v = match compute(py) {
             Ok((fns, reason)) => {
-                let bio_seek = probe_bio_seek(&fns);
+                let bio_seek = fns.probe_bio_seek();
                 Verdict { fns: Some(fns), reason, bio_seek }
             }
             Err(reason) => Verdict { fns: None, reason, bio_seek: false },
@@ -63,19 +63,9 @@ fn compute(py: Python<'_>) -> Result<(Fns, String), String> {
         Ok(f) => f.extract().map_err(pyerr)?,
         Err(_) => return Err("_ssl is built into the interpreter: the OpenSSL it uses cannot be told apart".into()),
     };
-    let cfile = CString::new(file.clone()).map_err(|_| "_ssl's path has a NUL byte".to_string())?;
-    // SAFETY: RTLD_NOLOAD only returns a handle to an object already loaded
-    // (adding a reference, which is kept: the functions are used for the
-    // life of the process); no constructor runs.
-    let handle = unsafe { libc::dlopen(cfile.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-    if handle.is_null() {
-        return Err(format!("{file} is not loaded under that name"));
-    }
-    let mut libs = Vec::new();
-    let fns = Fns::resolve(handle, &mut libs)?;
+    let (fns, libs) = Fns::resolve(&file)?;
 
-    // SAFETY: a plain function of the verified library.
-    let ours = unsafe { (fns.OpenSSL_version_num)() } as u64;
+    let ours = fns.openssl_version_num();
     let theirs: u64 =
         py.import("ssl").and_then(|m| m.getattr("OPENSSL_VERSION_NUMBER")).and_then(|v| v.extract()).map_err(pyerr)?;
     if ours != theirs {
@@ -113,9 +103,9 @@ impl From<PyErr> for Constants {
 
 /// The codes this module hard-codes, against the ones `_ssl` was built with.
 fn check_constants(py: Python<'_>) -> Result<(), Constants> {
-    let types = layout::types(py)?;
-    let Some(tables) = &types.tables else {
-        return Err(Constants::Differ(types.unusable.clone().unwrap_or_default()));
+    let tables = match &layout::types(py)?.layouts {
+        Ok(layouts) => layouts.tables(),
+        Err(why) => return Err(Constants::Differ(why.clone())),
     };
     let names = tables.err_codes_to_names.bind(py);
     for (reason, code) in [
@@ -153,34 +143,4 @@ fn check_constants(py: Python<'_>) -> Result<(), Constants> {
         }
     }
     Ok(())
-}
-
-/// Whether seeking a memory BIO past n bytes consumes them, as OpenSSL 3's
-/// mem BIO does (`BIO_seek` moves its read pointer; the next write
-/// compacts). Probed on a private BIO: write "abcdef", seek 2 further, then
-/// expect "cdef" pending, and "cdefgh" after writing "gh".
-fn probe_bio_seek(f: &Fns) -> bool {
-    // SAFETY: a BIO made and freed here; every call is on it.
-    unsafe {
-        let b = (f.BIO_new)((f.BIO_s_mem)());
-        if b.is_null() {
-            return false;
-        }
-        let view = |b: *mut BIO| {
-            let mut p: *mut c_char = std::ptr::null_mut();
-            let n = (f.BIO_ctrl)(b, BIO_CTRL_INFO, 0, &mut p as *mut _ as *mut c_void);
-            if p.is_null() || n < 0 {
-                Vec::new()
-            } else {
-                std::slice::from_raw_parts(p as *const u8, n as usize).to_vec()
-            }
-        };
-        let mut ok = (f.BIO_write)(b, b"abcdef".as_ptr() as *const c_void, 6) == 6;
-        let tell = (f.BIO_ctrl)(b, BIO_C_FILE_TELL, 0, std::ptr::null_mut());
-        ok &= tell >= 0 && (f.BIO_ctrl)(b, BIO_C_FILE_SEEK, tell + 2, std::ptr::null_mut()) >= 0;
-        ok &= (f.BIO_ctrl)(b, BIO_CTRL_PENDING, 0, std::ptr::null_mut()) == 4 && view(b) == b"cdef";
-        ok &= (f.BIO_write)(b, b"gh".as_ptr() as *const c_void, 2) == 2 && view(b) == b"cdefgh";
-        (f.BIO_free)(b);
-        ok
-    }
 }

@@ -38,9 +38,8 @@ use super::StreamCore;
 use crate::errors::{is_fatal_base, uv_error};
 use crate::eventloop::ClientPtr;
 use crate::python;
-use crate::tls::{self, Decrypted, Handshake, Opened, Shutdown, TlsSession, Write};
+use crate::tls::{self, Decrypted, Handshake, Opened, Shutdown, TlsSession, UniqueBytes, WritableBuffer, Write};
 use crate::transport::base::{Transport, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
-use crate::transport::buffer::BufferView;
 use crate::transport::readbuf::{self, READ_SIZE};
 use crate::uv::{self, sys};
 
@@ -350,23 +349,24 @@ impl StreamCore {
     /// worth (the usual case) reaches the protocol with one copy, or none
     /// when it fills the buffer; more than a buffer's worth is joined.
     fn tls_read_copied(&self, py: Python<'_>) -> PyResult<bool> {
+        // The read buffer, taken out for its bytes to be written (this is
+        // its only reference, as between reads); None when out of memory.
+        let taken = readbuf::memory(py).and_then(|_| readbuf::take(py, READ_SIZE)).map(UniqueBytes::new);
+        let Some(Ok(mut plain)) = taken else {
+            return Err(pyo3::exceptions::PyMemoryError::new_err(()));
+        };
+        let size = plain.len();
         let mut joined: Vec<u8> = Vec::new();
         // Decrypted bytes at the start of the read buffer.
         let mut filled = 0usize;
         let mut closed = false;
         let mut failed = None;
         loop {
-            if filled == READ_SIZE {
-                readbuf::filled(filled, |d| joined.extend_from_slice(d));
+            if filled == size {
+                joined.extend_from_slice(plain.as_mut_slice());
                 filled = 0;
             }
-            let Some(mem) = readbuf::memory(py) else {
-                failed = Some(pyo3::exceptions::PyMemoryError::new_err(()));
-                break;
-            };
-            // SAFETY: the read buffer is READ_SIZE bytes, ours until its
-            // contents are handed to the protocol; `filled` < READ_SIZE.
-            let buf = unsafe { std::slice::from_raw_parts_mut(mem.add(filled), READ_SIZE - filled) };
+            let buf = &mut plain.as_mut_slice()[filled..];
             let got = self.with_tls(py, |t| {
                 let got = t.session().read_into(py, buf);
                 (got, t.session().has_pending(py))
@@ -390,7 +390,7 @@ impl StreamCore {
             }
         }
         // What was decrypted before an error still reaches the application.
-        self.tls_deliver(py, filled, joined)?;
+        self.tls_deliver(py, plain, filled, joined)?;
         match failed {
             Some(err) => Err(err),
             None => Ok(closed),
@@ -398,27 +398,36 @@ impl StreamCore {
     }
 
     /// `data_received` (or the protocol's sink) with what was read: the
-    /// `last` bytes at the start of the read buffer, after those `joined`
-    /// before them.
-    fn tls_deliver(&self, py: Python<'_>, last: usize, mut joined: Vec<u8>) -> PyResult<()> {
+    /// `last` bytes at the start of the read buffer `plain`, after those
+    /// `joined` before them. The read buffer goes back before any Python
+    /// code runs, unless it is handed to the protocol whole.
+    fn tls_deliver(&self, py: Python<'_>, mut plain: UniqueBytes, last: usize, mut joined: Vec<u8>) -> PyResult<()> {
         if last == 0 && joined.is_empty() {
+            readbuf::give_back(plain.into_bytes(py));
             return Ok(());
         }
         if let Some(sink) = self.sink(py) {
-            if !joined.is_empty() {
-                sink.take(py, &joined)?;
-            }
-            return self.deliver_to_sink(py, &*sink, last);
+            let joined_taken = if joined.is_empty() { Ok(()) } else { sink.take(py, &joined) };
+            let took = joined_taken.and_then(|()| sink.take(py, &plain.as_mut_slice()[..last]));
+            readbuf::give_back(plain.into_bytes(py));
+            took?;
+            return sink.taken(py);
         }
-        let Some(protocol) = self.protocol(py) else { return Ok(()) };
-        let data = if joined.is_empty() {
-            match readbuf::take(py, last) {
-                Some(b) => b,
-                None => return Ok(()),
-            }
+        let Some(protocol) = self.protocol(py) else {
+            readbuf::give_back(plain.into_bytes(py));
+            return Ok(());
+        };
+        let data = if joined.is_empty() && last == plain.len() {
+            plain.into_bytes(py)
         } else {
-            readbuf::filled(last, |d| joined.extend_from_slice(d));
-            PyBytes::new(py, &joined)
+            let data = if joined.is_empty() {
+                PyBytes::new(py, &plain.as_mut_slice()[..last])
+            } else {
+                joined.extend_from_slice(&plain.as_mut_slice()[..last]);
+                PyBytes::new(py, &joined)
+            };
+            readbuf::give_back(plain.into_bytes(py));
+            data
         };
         let result = python::call_method(protocol.bind(py), python::protocol::data_received(py), (&data,));
         readbuf::give_back(data);
@@ -430,15 +439,13 @@ impl StreamCore {
         let Some(protocol) = self.protocol(py) else { return Ok(false) };
         let want = self.with_tls(py, |t| t.session().incoming_len(py)).unwrap_or(0);
         let buf = python::call_method(protocol.bind(py), python::protocol::get_buffer(py), (want,))?;
-        let view = BufferView::get(&buf, true)?;
+        let view = WritableBuffer::get(&buf)?;
         let wants = view.len();
-        // SAFETY: the exported writable buffer is valid while `view` lives.
-        let mem = unsafe { std::slice::from_raw_parts_mut(view.ptr(), wants) };
         let mut offset = 0;
         let mut closed = false;
         let mut again = false;
         while offset < wants {
-            let got = self.with_tls(py, |t| t.session().read_into(py, &mut mem[offset..]));
+            let got = self.with_tls(py, |t| t.session().read_into(py, view.plaintext_from(offset)));
             match got {
                 Some(Ok(Decrypted::Data(n))) if n > 0 => offset += n,
                 Some(Ok(Decrypted::Closed)) => {
@@ -788,13 +795,14 @@ impl StreamCore {
                 return None;
             }
             let session = t.session.as_mut()?;
-            let out = session.output(py);
-            if out.is_empty() {
+            let (out, len) = session.output_ptr(py);
+            if len == 0 {
                 return None;
             }
-            let buf = uv::buf(out.as_ptr(), out.len());
+            let buf = uv::buf(out, len);
             // SAFETY: the open stream; `buf` points into the session's
-            // output, which nothing changes before the call returns.
+            // output, which nothing changes before the call returns (no
+            // Python code runs meanwhile).
             let n = unsafe { sys::uv_try_write(stream, &buf, 1) };
             st.base.stats.wrote(io, 1, n.max(0) as usize);
             if n == sys::uv_errno_t_UV_EAGAIN {
