@@ -432,8 +432,12 @@ pub(crate) mod transport {
     /// A stream's state besides the handle.
     struct StreamExtra<L> {
         /// The owner's memory the read under way goes to, from `on_alloc` to
-        /// `on_read`.
+        /// `on_read` (only the trampolines touch it).
         lent: Option<L>,
+        flags: ReadFlags,
+    }
+
+    struct ReadFlags {
         /// In `StreamOwner::lend`: libuv reads when it returns and calls
         /// `on_read` whatever happened meanwhile (stopping the stream there
         /// would have it call a read callback it no longer has).
@@ -459,7 +463,8 @@ pub(crate) mod transport {
         pub(crate) fn open(py: Python<'_>, link: &LoopRef, owner: &Py<C>, fd: i32, pipe: bool) -> PyResult<Self> {
             let shared = link.get();
             let uv_loop = shared.uv_loop(py)?;
-            let extra = StreamExtra { lent: None, lending: Cell::new(false), deferred: Cell::new(Deferred::Nothing) };
+            let flags = ReadFlags { lending: Cell::new(false), deferred: Cell::new(Deferred::Nothing) };
+            let extra = StreamExtra { lent: None, flags };
             let h = UvHandle::new(StreamBox::<C>::new(shared, extra));
             let raw = h.raw();
             // SAFETY: a fresh allocation on the open loop of `shared`; if the
@@ -500,11 +505,9 @@ pub(crate) mod transport {
         }
 
         #[inline]
-        fn extra(&self) -> &StreamExtra<C::Lent> {
-            // SAFETY: the box lives as long as self; only its Cells are used
-            // through this reference (`lent` is only touched by the
-            // trampolines, never while a reference to it is out).
-            unsafe { &(*self.handle.raw()).extra }
+        fn flags(&self) -> &ReadFlags {
+            // SAFETY: the box lives as long as self; the flags are Cells.
+            unsafe { &(*self.handle.raw()).extra.flags }
         }
 
         /// The stream as libuv knows it, for code that calls libuv itself
@@ -524,7 +527,7 @@ pub(crate) mod transport {
         /// Starts reading: the owner's `lend` and `read_done` from now on.
         #[inline]
         pub(crate) fn read_start(&self) -> Result<(), i32> {
-            let deferred = &self.extra().deferred;
+            let deferred = &self.flags().deferred;
             if deferred.get() == Deferred::Stop {
                 // Stopped while lending: libuv never stopped.
                 deferred.set(Deferred::Nothing);
@@ -541,9 +544,9 @@ pub(crate) mod transport {
 
         #[inline]
         pub(crate) fn read_stop(&self) {
-            let extra = self.extra();
-            if extra.lending.get() {
-                extra.deferred.set(Deferred::Stop);
+            let flags = self.flags();
+            if flags.lending.get() {
+                flags.deferred.set(Deferred::Stop);
                 return;
             }
             // SAFETY: an open stream.
@@ -608,9 +611,9 @@ pub(crate) mod transport {
         /// once the read is done). The close callback frees the box and the
         /// reference to the owner.
         pub(crate) fn close(self) {
-            let extra = self.extra();
-            if extra.lending.get() {
-                extra.deferred.set(Deferred::Close);
+            let flags = self.flags();
+            if flags.lending.get() {
+                flags.deferred.set(Deferred::Close);
                 return;
             }
             self.handle.close_with(on_closed::<StreamHandle, C, StreamExtra<C::Lent>>);
@@ -640,7 +643,7 @@ pub(crate) mod transport {
         unsafe {
             let py = (*(*bx).shared).reacquire_gil();
             let owner = &*((*handle).data as *const C);
-            (*bx).extra.lending.set(true);
+            (*bx).extra.flags.lending.set(true);
             *buf = match owner.lend(py) {
                 ReadInto::Nothing => super::buf(ptr::null(), 0),
                 ReadInto::ReadBuffer(len) => match read_buffer_memory(py, len) {
@@ -659,7 +662,7 @@ pub(crate) mod transport {
                     }
                 }
             };
-            (*bx).extra.lending.set(false);
+            (*bx).extra.flags.lending.set(false);
         }
     }
 
@@ -677,7 +680,7 @@ pub(crate) mod transport {
             let owner = &*((*stream).data as *const C);
             let lent = (*bx).extra.lent.take();
             owner.read_done(py, nread, lent);
-            match (*bx).extra.deferred.replace(Deferred::Nothing) {
+            match (*bx).extra.flags.deferred.replace(Deferred::Nothing) {
                 Deferred::Nothing => {}
                 Deferred::Stop => {
                     sys::uv_read_stop(stream);
