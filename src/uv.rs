@@ -245,6 +245,545 @@ pub(crate) fn version() -> (u32, u32, u32) {
 
 // ---- section: streams, TCP, pipes, UDP, writes, shutdown (transport) ----
 
+/// The transports' libuv handles as owners: a core's stream (`uv_tcp_t`,
+/// or `uv_pipe_t` for Unix sockets and pipes) with its reads and write
+/// requests, and the `uv_poll_t` watching a datagram socket.
+///
+/// A handle lives in a box that also holds the loop state its callbacks
+/// take the GIL back from and a strong reference to its core (a frozen
+/// pyclass), at which the handle's `data` points: the core lives until
+/// libuv's close callback, which runs after every other callback of the
+/// handle and frees the box. The trampolines here recover the core and call
+/// its safe methods (`StreamOwner`, `PollOwner`) with the GIL held.
+pub(crate) mod transport {
+    use std::cell::Cell;
+    use std::marker::PhantomData;
+    use std::mem::{ManuallyDrop, MaybeUninit};
+    use std::os::fd::BorrowedFd;
+    use std::ptr::{self, NonNull};
+
+    use pyo3::prelude::*;
+    use pyo3::pyclass::boolean_struct::True;
+    use pyo3::{PyClass, PyTraverseError, PyVisit};
+    use smallvec::SmallVec;
+
+    use super::{sys, HandleBox, UvHandle};
+    use crate::capi::transport::read_buffer_memory;
+    use crate::errors::uv_error;
+    use crate::eventloop::{LoopCore, LoopShared};
+
+    /// The loop a transport core lives on: a strong reference to its
+    /// `LoopCore`, and the address of the state that core keeps boxed, which
+    /// stays put for as long as the reference is held.
+    pub(crate) struct LoopRef {
+        core: Py<LoopCore>,
+        shared: NonNull<LoopShared>,
+    }
+
+    // SAFETY: a shared reference to a LoopShared, which is Sync, and a Py.
+    unsafe impl Send for LoopRef {}
+    // SAFETY: as above.
+    unsafe impl Sync for LoopRef {}
+
+    impl LoopRef {
+        pub(crate) fn new(core: &Bound<'_, LoopCore>) -> Self {
+            LoopRef { shared: NonNull::from(core.get().shared()), core: core.clone().unbind() }
+        }
+
+        #[inline]
+        pub(crate) fn get(&self) -> &LoopShared {
+            // SAFETY: `core` keeps the LoopCore alive, and a frozen pyclass's
+            // boxed state is neither replaced nor freed before the object.
+            unsafe { self.shared.as_ref() }
+        }
+
+        /// Reports the reference to the cyclic GC.
+        pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+            visit.call(&self.core)
+        }
+    }
+
+    /// Bytes for libuv to write: a `uv_buf_t` over a borrowed slice.
+    #[repr(transparent)]
+    #[derive(Clone, Copy)]
+    pub(crate) struct IoBuf<'a> {
+        buf: sys::uv_buf_t,
+        _bytes: PhantomData<&'a [u8]>,
+    }
+
+    impl<'a> IoBuf<'a> {
+        #[inline]
+        pub(crate) fn new(bytes: &'a [u8]) -> Self {
+            IoBuf { buf: super::buf(bytes.as_ptr(), bytes.len()), _bytes: PhantomData }
+        }
+
+        #[inline]
+        pub(crate) fn len(&self) -> usize {
+            self.buf.len
+        }
+    }
+
+    /// Memory lent to libuv for one read, which the stream's box holds
+    /// until the read is done.
+    pub(crate) trait LendMemory: 'static {
+        /// Where the read goes.
+        fn memory(&mut self) -> &mut [u8];
+    }
+
+    /// Where a stream's next read goes.
+    pub(crate) enum ReadInto<L> {
+        /// Nowhere: nothing is read now (libuv reports UV_ENOBUFS).
+        Nothing,
+        /// The thread's read buffer (capi.rs), made with this many bytes if
+        /// there is none.
+        ReadBuffer(usize),
+        /// Memory of the owner's, held by the stream until the read is done.
+        Lent(L),
+    }
+
+    /// What a write request holds until libuv is done with it.
+    pub(crate) trait WritePayload: 'static {
+        /// The bytes to write, borrowed from the payload.
+        fn bufs(&self) -> SmallVec<[IoBuf<'_>; 8]>;
+    }
+
+    /// A transport core's side of its stream's callbacks, each called with
+    /// the GIL held, inside uv_run.
+    pub(crate) trait StreamOwner: PyClass<Frozen = True> + Sync {
+        type Lent: LendMemory;
+        type Write: WritePayload;
+
+        /// Where the next read goes. libuv reads right after, so a stop or
+        /// close of the stream asked for meanwhile waits for that read's end.
+        fn lend(&self, py: Python<'_>) -> ReadInto<Self::Lent>;
+
+        /// A read is done: `nread` bytes landed where `lend` said (`lent`,
+        /// if it lent memory), or libuv's code (0: nothing to read after
+        /// all, UV_EOF, UV_ENOBUFS, an error).
+        fn read_done(&self, py: Python<'_>, nread: isize, lent: Option<Self::Lent>);
+
+        /// A write request finished with `status`; `write` is what it held.
+        fn write_done(&self, py: Python<'_>, write: Self::Write, status: i32);
+    }
+
+    /// A datagram core's side of its poll handle's callback.
+    pub(crate) trait PollOwner: PyClass<Frozen = True> + Sync {
+        /// The fd is ready for `events`, or in error (`status` < 0).
+        fn poll_ready(&self, py: Python<'_>, status: i32, events: i32);
+    }
+
+    /// A handle and what its callbacks need; the handle comes first, so
+    /// libuv's pointer to it is a pointer to the box.
+    #[repr(C)]
+    struct CoreBox<H, C, X> {
+        handle: H,
+        /// The loop the handle is on.
+        shared: *const LoopShared,
+        /// The core, kept alive until libuv is done with the handle.
+        owner: Option<Py<C>>,
+        extra: X,
+    }
+
+    // SAFETY: repr(C) with the libuv handle first (H is a uv_poll_t or
+    // StreamHandle, the only ones this module boxes).
+    unsafe impl<H, C, X> HandleBox for CoreBox<H, C, X> {}
+
+    impl<H, C, X> CoreBox<H, C, X> {
+        fn new(shared: &LoopShared, extra: X) -> Self {
+            CoreBox {
+                // SAFETY: libuv handle structs are plain C data, valid when
+                // zeroed until initialised.
+                handle: unsafe { MaybeUninit::zeroed().assume_init() },
+                shared,
+                owner: None,
+                extra,
+            }
+        }
+    }
+
+    /// The close callback of every core's handle: frees the box, and with it
+    /// the reference that kept the core alive.
+    unsafe extern "C" fn on_closed<H, C, X>(handle: *mut sys::uv_handle_t) {
+        // SAFETY: the box came from a UvHandle<CoreBox<H, C, X>>; this is its
+        // one close callback, run inside uv_run on the loop's thread (the
+        // loop state outlives its handles).
+        unsafe {
+            let b = Box::from_raw(handle as *mut CoreBox<H, C, X>);
+            let _py = (*b.shared).reacquire_gil();
+            drop(b);
+        }
+    }
+
+    /// The libuv stream behind a transport: TCP, or a pipe.
+    #[repr(C)]
+    union StreamHandle {
+        tcp: ManuallyDrop<sys::uv_tcp_t>,
+        pipe: ManuallyDrop<sys::uv_pipe_t>,
+    }
+
+    /// What a stream does once the read under way is done.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Deferred {
+        Nothing,
+        Stop,
+        Close,
+    }
+
+    /// A stream's state besides the handle.
+    struct StreamExtra<L> {
+        /// The owner's memory the read under way goes to, from `on_alloc` to
+        /// `on_read` (only the trampolines touch it).
+        lent: Option<L>,
+        flags: ReadFlags,
+    }
+
+    struct ReadFlags {
+        /// In `StreamOwner::lend`: libuv reads when it returns and calls
+        /// `on_read` whatever happened meanwhile (stopping the stream there
+        /// would have it call a read callback it no longer has).
+        lending: Cell<bool>,
+        /// A stop or close asked for while lending.
+        deferred: Cell<Deferred>,
+    }
+
+    type StreamBox<C> = CoreBox<StreamHandle, C, StreamExtra<<C as StreamOwner>::Lent>>;
+
+    /// A transport's stream: started and stopped reading, written, closed
+    /// once (a stream dropped unclosed is leaked, never freed under libuv).
+    pub(crate) struct UvStream<C: StreamOwner> {
+        handle: UvHandle<StreamBox<C>>,
+    }
+
+    impl<C: StreamOwner> UvStream<C> {
+        /// Takes over `fd`, a connected stream socket, for `owner`: a
+        /// `uv_pipe_t` with `pipe` (Unix sockets, pipes, FIFOs), else a
+        /// `uv_tcp_t` with TCP_NODELAY, as asyncio sets it (a stream socket
+        /// that is not TCP refuses the option; that is fine). libuv owns the
+        /// fd from then on and closes it with the handle.
+        pub(crate) fn open(py: Python<'_>, link: &LoopRef, owner: &Py<C>, fd: i32, pipe: bool) -> PyResult<Self> {
+            let shared = link.get();
+            let uv_loop = shared.uv_loop(py)?;
+            let flags = ReadFlags { lending: Cell::new(false), deferred: Cell::new(Deferred::Nothing) };
+            let extra = StreamExtra { lent: None, flags };
+            let h = UvHandle::new(StreamBox::<C>::new(shared, extra));
+            let raw = h.raw();
+            // SAFETY: a fresh allocation on the open loop of `shared`; if the
+            // init fails it is freed directly (libuv never saw it), after
+            // that only closed. No callback runs before reading or writing
+            // starts, and by then `data` and the owner are set.
+            unsafe {
+                let rc = if pipe {
+                    sys::uv_pipe_init(uv_loop, &mut *(*raw).handle.pipe, 0)
+                } else {
+                    sys::uv_tcp_init(uv_loop, &mut *(*raw).handle.tcp)
+                };
+                if rc < 0 {
+                    h.free_uninit();
+                    return Err(uv_error(rc));
+                }
+                let rc = if pipe {
+                    sys::uv_pipe_open(&mut *(*raw).handle.pipe, fd)
+                } else {
+                    sys::uv_tcp_open(&mut *(*raw).handle.tcp, fd)
+                };
+                if rc < 0 {
+                    h.close_with(on_closed::<StreamHandle, C, StreamExtra<C::Lent>>);
+                    return Err(uv_error(rc));
+                }
+                if !pipe {
+                    sys::uv_tcp_nodelay(&mut *(*raw).handle.tcp, 1);
+                }
+                (*raw).owner = Some(owner.clone_ref(py));
+            }
+            h.set_data(owner.get() as *const C);
+            Ok(UvStream { handle: h })
+        }
+
+        #[inline]
+        fn stream(&self) -> *mut sys::uv_stream_t {
+            self.handle.raw() as *mut sys::uv_stream_t
+        }
+
+        #[inline]
+        fn flags(&self) -> &ReadFlags {
+            // SAFETY: the box lives as long as self; the flags are Cells.
+            unsafe { &(*self.handle.raw()).extra.flags }
+        }
+
+        /// The stream as libuv knows it, for code that calls libuv itself
+        /// (an opaque pointer).
+        #[inline]
+        pub(crate) fn raw_stream(&self) -> *mut sys::uv_stream_t {
+            self.stream()
+        }
+
+        /// The core the box keeps alive.
+        pub(crate) fn owner(&self, py: Python<'_>) -> Option<Py<C>> {
+            // SAFETY: the box lives as long as self; `owner` is only written
+            // in open().
+            unsafe { (*self.handle.raw()).owner.as_ref().map(|o| o.clone_ref(py)) }
+        }
+
+        /// Starts reading: the owner's `lend` and `read_done` from now on.
+        #[inline]
+        pub(crate) fn read_start(&self) -> Result<(), i32> {
+            let deferred = &self.flags().deferred;
+            if deferred.get() == Deferred::Stop {
+                // Stopped while lending: libuv never stopped.
+                deferred.set(Deferred::Nothing);
+                return Ok(());
+            }
+            // SAFETY: an open stream whose data is its owner, of the type the
+            // callbacks expect.
+            let rc = unsafe { sys::uv_read_start(self.stream(), Some(on_alloc::<C>), Some(on_read::<C>)) };
+            if rc < 0 {
+                return Err(rc);
+            }
+            Ok(())
+        }
+
+        #[inline]
+        pub(crate) fn read_stop(&self) {
+            let flags = self.flags();
+            if flags.lending.get() {
+                flags.deferred.set(Deferred::Stop);
+                return;
+            }
+            // SAFETY: an open stream.
+            unsafe { sys::uv_read_stop(self.stream()) };
+        }
+
+        /// Writes what the socket takes at once: the bytes written, or a
+        /// libuv error (UV_EAGAIN when it takes none).
+        #[inline]
+        pub(crate) fn try_write(&self, bufs: &[IoBuf<'_>]) -> i32 {
+            // SAFETY: an open stream; the buffers are borrowed for the call
+            // (an IoBuf is a uv_buf_t).
+            unsafe { sys::uv_try_write(self.stream(), bufs.as_ptr() as *const sys::uv_buf_t, bufs.len() as u32) }
+        }
+
+        /// Starts a `uv_write` of the payload's bytes; the owner's
+        /// `write_done` gets the payload back. A request libuv refuses is
+        /// given back at once, with the error.
+        #[inline]
+        pub(crate) fn write(&self, payload: C::Write) -> Result<(), (i32, C::Write)> {
+            let req = Box::into_raw(Box::new(WriteReq {
+                // SAFETY: plain C data, initialised by uv_write.
+                req: unsafe { MaybeUninit::zeroed().assume_init() },
+                payload,
+            }));
+            // SAFETY: the request is ours until uv_write takes it, then
+            // libuv's until on_write frees it. Its buffers point into the
+            // payload it owns, which nothing touches meanwhile (libuv copies
+            // the list of buffers itself).
+            unsafe {
+                let rc = {
+                    let bufs = (*req).payload.bufs();
+                    sys::uv_write(
+                        &mut (*req).req,
+                        self.stream(),
+                        bufs.as_ptr() as *const sys::uv_buf_t,
+                        bufs.len() as u32,
+                        Some(on_write::<C>),
+                    )
+                };
+                if rc < 0 {
+                    let req = Box::from_raw(req);
+                    return Err((rc, req.payload));
+                }
+            }
+            Ok(())
+        }
+
+        /// The stream's fd, borrowed from the handle that owns it.
+        pub(crate) fn fd(&self) -> Option<BorrowedFd<'_>> {
+            let mut fd: sys::uv_os_fd_t = -1;
+            // SAFETY: an open stream; uv_fileno only reads its fd.
+            if unsafe { sys::uv_fileno(self.handle.as_handle(), &mut fd) } < 0 || fd < 0 {
+                return None;
+            }
+            // SAFETY: the handle owns the fd until it is closed, which takes
+            // self, so not while the borrow lasts.
+            Some(unsafe { BorrowedFd::borrow_raw(fd) })
+        }
+
+        /// Closes the stream and its fd (while lending memory for a read:
+        /// once the read is done). The close callback frees the box and the
+        /// reference to the owner.
+        pub(crate) fn close(self) {
+            let flags = self.flags();
+            if flags.lending.get() {
+                flags.deferred.set(Deferred::Close);
+                return;
+            }
+            self.handle.close_with(on_closed::<StreamHandle, C, StreamExtra<C::Lent>>);
+        }
+    }
+
+    /// One `uv_write` in flight and what its buffers point into.
+    #[repr(C)]
+    struct WriteReq<P> {
+        req: sys::uv_write_t,
+        payload: P,
+    }
+
+    unsafe extern "C" fn on_alloc<C: StreamOwner>(
+        handle: *mut sys::uv_handle_t,
+        _suggested: usize,
+        buf: *mut sys::uv_buf_t,
+    ) {
+        let bx = handle as *mut StreamBox<C>;
+        // SAFETY: a stream UvStream::<C> opened: its box is alive until the
+        // close callback, its data is the owner, which the box keeps alive;
+        // inside uv_run on the loop's thread. libuv reads into the buffer as
+        // soon as this returns and then calls on_read, no code in between:
+        // the thread's read buffer stays where it is, and the owner's memory
+        // stays in the box until then. No reference into the box is held
+        // while the owner's code runs (including drops).
+        unsafe {
+            let py = (*(*bx).shared).reacquire_gil();
+            let owner = &*((*handle).data as *const C);
+            (*bx).extra.flags.lending.set(true);
+            *buf = match owner.lend(py) {
+                ReadInto::Nothing => super::buf(ptr::null(), 0),
+                ReadInto::ReadBuffer(len) => match read_buffer_memory(py, len) {
+                    Some((p, n)) => super::buf(p, n),
+                    None => super::buf(ptr::null(), 0),
+                },
+                ReadInto::Lent(lent) => {
+                    let old = (*bx).extra.lent.replace(lent);
+                    drop(old);
+                    match &mut (*bx).extra.lent {
+                        Some(l) => {
+                            let m = l.memory();
+                            super::buf(m.as_ptr(), m.len())
+                        }
+                        None => super::buf(ptr::null(), 0),
+                    }
+                }
+            };
+            (*bx).extra.flags.lending.set(false);
+        }
+    }
+
+    unsafe extern "C" fn on_read<C: StreamOwner>(
+        stream: *mut sys::uv_stream_t,
+        nread: isize,
+        _buf: *const sys::uv_buf_t,
+    ) {
+        let bx = stream as *mut StreamBox<C>;
+        // SAFETY: as for on_alloc; libuv is done with the memory lent. The
+        // box lives on after a close asked for by the owner's code (until
+        // the close callback, in a later phase of uv_run).
+        unsafe {
+            let py = (*(*bx).shared).enter_io();
+            let owner = &*((*stream).data as *const C);
+            let lent = (*bx).extra.lent.take();
+            owner.read_done(py, nread, lent);
+            match (*bx).extra.flags.deferred.replace(Deferred::Nothing) {
+                Deferred::Nothing => {}
+                Deferred::Stop => {
+                    sys::uv_read_stop(stream);
+                }
+                Deferred::Close => UvHandle { raw: bx }.close_with(on_closed::<StreamHandle, C, StreamExtra<C::Lent>>),
+            }
+        }
+    }
+
+    unsafe extern "C" fn on_write<C: StreamOwner>(req: *mut sys::uv_write_t, status: i32) {
+        // SAFETY: the request came from UvStream::<C>::write and libuv is
+        // done with it; its stream's box is alive (libuv cancels pending
+        // writes before the close callback); inside uv_run on the loop's
+        // thread.
+        unsafe {
+            let stream = (*req).handle;
+            let bx = stream as *mut StreamBox<C>;
+            let py = (*(*bx).shared).enter_io();
+            let owner = &*((*stream).data as *const C);
+            let req = Box::from_raw(req as *mut WriteReq<C::Write>);
+            owner.write_done(py, req.payload, status);
+        }
+    }
+
+    type PollBox<C> = CoreBox<sys::uv_poll_t, C, ()>;
+
+    /// A poll handle watching a socket its owner keeps (libuv only polls
+    /// the fd); closed once (dropped unclosed, it is leaked).
+    pub(crate) struct UvPoll<C: PollOwner> {
+        handle: UvHandle<PollBox<C>>,
+    }
+
+    impl<C: PollOwner> UvPoll<C> {
+        /// Watches `fd` for `owner` (nothing is asked for until `start`).
+        pub(crate) fn open(py: Python<'_>, link: &LoopRef, owner: &Py<C>, fd: i32) -> PyResult<Self> {
+            let shared = link.get();
+            let uv_loop = shared.uv_loop(py)?;
+            let h = UvHandle::new(PollBox::<C>::new(shared, ()));
+            let raw = h.raw();
+            // SAFETY: a fresh allocation on the open loop of `shared`; an
+            // init failure frees it directly (libuv never saw it). No
+            // callback runs before `start`, and by then `data` and the owner
+            // are set.
+            unsafe {
+                let rc = sys::uv_poll_init(uv_loop, &mut (*raw).handle, fd);
+                if rc < 0 {
+                    h.free_uninit();
+                    return Err(uv_error(rc));
+                }
+                (*raw).owner = Some(owner.clone_ref(py));
+            }
+            h.set_data(owner.get() as *const C);
+            Ok(UvPoll { handle: h })
+        }
+
+        /// Asks for `events` (UV_READABLE, UV_WRITABLE) from now on.
+        #[inline]
+        pub(crate) fn start(&self, events: i32) -> Result<(), i32> {
+            let known = (sys::uv_poll_event_UV_READABLE
+                | sys::uv_poll_event_UV_WRITABLE
+                | sys::uv_poll_event_UV_DISCONNECT
+                | sys::uv_poll_event_UV_PRIORITIZED) as i32;
+            // SAFETY: an open poll handle whose data is its owner, of the
+            // type the callback expects; libuv asserts on unknown events.
+            let rc = unsafe {
+                sys::uv_poll_start(self.handle.raw() as *mut sys::uv_poll_t, events & known, Some(on_poll::<C>))
+            };
+            if rc < 0 {
+                return Err(rc);
+            }
+            Ok(())
+        }
+
+        #[inline]
+        pub(crate) fn stop(&self) -> Result<(), i32> {
+            // SAFETY: an open poll handle.
+            let rc = unsafe { sys::uv_poll_stop(self.handle.raw() as *mut sys::uv_poll_t) };
+            if rc < 0 {
+                return Err(rc);
+            }
+            Ok(())
+        }
+
+        /// Stops watching (at once) and closes the handle; the close callback
+        /// frees the box and the reference to the owner.
+        pub(crate) fn close(self) {
+            self.handle.close_with(on_closed::<sys::uv_poll_t, C, ()>);
+        }
+    }
+
+    unsafe extern "C" fn on_poll<C: PollOwner>(handle: *mut sys::uv_poll_t, status: i32, events: i32) {
+        let bx = handle as *mut PollBox<C>;
+        // SAFETY: a poll handle UvPoll::<C> opened: its box is alive until
+        // the close callback, its data is the owner, which the box keeps
+        // alive; inside uv_run on the loop's thread.
+        unsafe {
+            let py = (*(*bx).shared).enter_io();
+            let owner = &*((*handle).data as *const C);
+            owner.poll_ready(py, status, events);
+        }
+    }
+}
+
 // ---- end of section: transport ----
 
 // ---- section: name resolution requests (net) ----

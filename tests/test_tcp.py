@@ -1155,6 +1155,43 @@ def test_buffered_protocol_stops_after_pause_or_close_in_buffer_updated(loop, ac
     assert run(loop, main()) == 1000
 
 
+@pytest.mark.parametrize("action", ["pause_reading", "close", "abort"])
+def test_buffered_protocol_pause_or_close_in_get_buffer(loop, action):
+    """A protocol that pauses or closes the transport from inside
+    get_buffer() still gets that read (asyncio reads into the buffer
+    whatever get_buffer() did), and nothing more while stopped."""
+
+    class StopInGetBuffer(RecordingBufferedProtocol):
+        SIZES = (1000,)
+
+        def get_buffer(self, sizehint):
+            if self.calls == 0:
+                getattr(self.transport, action)()
+            return super().get_buffer(sizehint)
+
+    data = payload(200 * KiB, seed=10)
+
+    async def main():
+        pair = await TcpPair.open(client_factory=StopInGetBuffer)
+        try:
+            client = pair.client
+            pair.server.transport.write(data)
+            await wait_until(lambda: client.received)
+            await asyncio.sleep(0.1)
+            stopped = (len(client.received), client.calls)
+            if action == "pause_reading":
+                client.transport.resume_reading()
+                await wait_until(lambda: len(client.received) == len(data))
+                assert bytes(client.received) == data
+            else:
+                assert await asyncio.wait_for(client.lost, TIMEOUT) is None
+            return stopped
+        finally:
+            await pair.aclose()
+
+    assert run(loop, main()) == (1000, 1)
+
+
 def test_buffered_protocol_client_receives_everything(loop):
     data = payload(MiB + 7, seed=5)
 

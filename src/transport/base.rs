@@ -1,7 +1,8 @@
 //! What every native transport core shares: the asyncio bookkeeping of a
-//! transport (`TransportBase`), the box its libuv handle lives in
-//! (`CoreBox`), the first and last steps of its libuv callbacks, and the
-//! calls it makes into its Python transport and protocol (`Transport`).
+//! transport (`TransportBase`), the first and last steps of its libuv
+//! callbacks, and the calls it makes into its Python transport and protocol
+//! (`Transport`). Its libuv handle is an owner of uv.rs (`UvStream`,
+//! `UvPoll`), whose trampolines call the core.
 //!
 //! A core is the native half of a Python transport (python/zuvrs/transports):
 //! the Python object is an `asyncio.Transport` whose hot methods are the
@@ -9,18 +10,16 @@
 //! (`connection_made`, `connection_lost`, error reports). The core calls
 //! back into it by the names in `python::transport`.
 
-use std::marker::PhantomData;
-
 use pyo3::prelude::*;
 use pyo3::PyClass;
 
+use crate::capi::transport::copy_context;
 use crate::cell::NativeCell;
 use crate::errors::is_fatal_base;
 use crate::eventloop::stats::{self, IoTotals, LoopStats, SlowCallback};
 use crate::eventloop::{warn_if_slow_io, LoopShared};
 use crate::handles::context::ContextScope;
 use crate::python;
-use crate::uv::{sys, HandleBox};
 
 /// asyncio's default write buffer high-water mark (the low one is a quarter).
 pub(crate) const DEFAULT_HIGH_WATER: usize = 64 * 1024;
@@ -147,8 +146,7 @@ impl TransportStats {
 
 impl TransportBase {
     pub(crate) fn new(py: Python<'_>, loop_obj: Py<PyAny>, wrapper: Py<PyAny>) -> PyResult<Self> {
-        // SAFETY: GIL held; a new reference or null with the error set.
-        let context = unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyContext_CopyCurrent())? }.unbind();
+        let context = copy_context(py)?;
         Ok(TransportBase {
             loop_obj,
             wrapper,
@@ -184,47 +182,6 @@ impl TransportBase {
 /// The state of a core, which holds a `TransportBase`.
 pub(crate) trait HasBase {
     fn base(&mut self) -> &mut TransportBase;
-}
-
-/// The box a core's libuv handle lives in. The handle comes first, so
-/// libuv's pointer to it is a pointer to the box.
-#[repr(C)]
-pub(crate) struct CoreBox<H, C: PyClass> {
-    pub(crate) handle: H,
-    pub(crate) shared: *const LoopShared,
-    /// The core, kept alive until libuv is done with the handle.
-    pub(crate) keep_alive: Option<Py<C>>,
-    _not_send: PhantomData<*const ()>,
-}
-
-// SAFETY: repr(C) with the libuv handle (`H`, a uv_tcp_t / uv_pipe_t union
-// or a uv_poll_t) as first field.
-unsafe impl<H, C: PyClass> HandleBox for CoreBox<H, C> {}
-
-impl<H, C: PyClass> CoreBox<H, C> {
-    /// A box for a handle that `uv_*_init` initialises next.
-    pub(crate) fn new(shared: *const LoopShared) -> Self {
-        CoreBox {
-            // SAFETY: libuv handle structs are plain C data, valid when zeroed
-            // until initialised.
-            handle: unsafe { std::mem::MaybeUninit::zeroed().assume_init() },
-            shared,
-            keep_alive: None,
-            _not_send: PhantomData,
-        }
-    }
-}
-
-/// The close callback of every core's handle: frees the box, and with it
-/// the reference that kept the core alive.
-pub(crate) unsafe extern "C" fn on_closed<H, C: PyClass>(handle: *mut sys::uv_handle_t) {
-    // SAFETY: the box came from UvHandle<CoreBox<H, C>>; this is its one
-    // close callback, run inside uv_run on the loop's thread.
-    unsafe {
-        let b = Box::from_raw(handle as *mut CoreBox<H, C>);
-        let _py = (*b.shared).reacquire_gil();
-        drop(b);
-    }
 }
 
 /// A native transport core: the Python-visible object that owns a libuv
@@ -363,6 +320,18 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
         Ok(())
     }
 
+    /// The first steps of a core's libuv callback once the trampoline (uv.rs)
+    /// has the GIL back and told the turn that I/O happened: the debug
+    /// clock, the stats clock, and the protocol's context made current
+    /// (until the scope, which `leave_io` takes, is dropped).
+    #[inline]
+    fn begin_io(&self, py: Python<'_>) -> IoScope {
+        let started = self.shared().debug_clock(py);
+        let timed = self.shared().stats.timing().then(stats::now);
+        let context = self.protocol_context(py);
+        IoScope { started, timed, _context: context }
+    }
+
     /// The last step of a libuv callback that ran protocol code: the
     /// slowest list (stats on) and debug mode's slow-callback warning, then
     /// the protocol's context left.
@@ -466,29 +435,8 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
     }
 }
 
-/// The first steps of a core's libuv callback: the core behind the handle
-/// (its `data`), the GIL taken back, the turn told that I/O happened, the
-/// debug clock, and the protocol's context made current (until the scope,
-/// which `leave_io` takes, is dropped).
-///
-/// # Safety
-/// `handle`'s data is a live core of type `C` (its box keeps it alive until
-/// the close callback, which runs after every other callback of the handle);
-/// called inside uv_run on the loop's thread.
-#[inline]
-pub(crate) unsafe fn enter<'a, C: Transport>(handle: *mut sys::uv_handle_t) -> (&'a C, Python<'a>, IoScope) {
-    // SAFETY: per the contract.
-    unsafe {
-        let core = &*((*handle).data as *const C);
-        let py = core.shared().enter_io();
-        let started = core.shared().debug_clock(py);
-        let timed = core.shared().stats.timing().then(stats::now);
-        let context = core.protocol_context(py);
-        (core, py, IoScope { started, timed, _context: context })
-    }
-}
-
-/// What a libuv callback entered (`enter`) and leaves (`Transport::leave_io`).
+/// What a libuv callback entered (`Transport::begin_io`) and leaves
+/// (`Transport::leave_io`).
 pub(crate) struct IoScope {
     /// The debug clock at the start.
     started: Option<f64>,

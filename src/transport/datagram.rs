@@ -23,31 +23,32 @@
 //! `sendto` from here.
 //!
 //! Ownership: the Python socket keeps the fd; libuv only watches it. The
-//! poll handle's box holds a strong reference to the core until libuv's close
-//! callback. `_close_handle` (before the socket is closed) calls `uv_close`,
-//! which removes the fd from libuv's epoll set at once.
+//! poll handle (a `UvPoll`, uv.rs) keeps a strong reference to the core in
+//! its box until libuv's close callback. `_close_handle` (before the socket
+//! is closed) closes it, which removes the fd from libuv's epoll set at once.
 
 use std::collections::VecDeque;
 
-use pyo3::exceptions::{PyBlockingIOError, PyInterruptedError, PyOSError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyBlockingIOError, PyInterruptedError, PyMemoryError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyMemoryView, PyTuple};
 
+use crate::capi::transport::{bytes_data, bytes_of, traverse_state};
 use crate::cell::NativeCell;
-use crate::errors::{is_fatal_base, last_errno, os_error, uv_error};
+use crate::errors::{is_fatal_base, os_error, uv_error};
 use crate::eventloop::{ClientPtr, LoopClient, LoopCore, LoopShared};
 use crate::net::addr::{self, SockAddr};
+use crate::os::transport as sock;
 use crate::python;
-use crate::transport::base::{self, CoreBox, HasBase, Transport, TransportBase, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
+use crate::transport::base::{HasBase, Transport, TransportBase, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
 use crate::transport::buffer::Bytes;
-use crate::transport::readbuf::{self, READ_SIZE};
-use crate::uv::{sys, UvHandle};
+use crate::transport::readbuf;
+use crate::uv::sys;
+use crate::uv::transport::{LoopRef, PollOwner, UvPoll};
 
 /// 3.13 sends empty datagrams and counts 8 header bytes per buffered one.
 const SENDS_EMPTY: bool = cfg!(Py_3_13);
 const HEADER_SIZE: usize = if SENDS_EMPTY { 8 } else { 0 };
-
-type PollBox = CoreBox<sys::uv_poll_t, DatagramCore>;
 
 /// A datagram waiting for the socket to be writable: an immutable copy of
 /// the data and the address it goes to.
@@ -69,7 +70,7 @@ enum Sent {
 
 pub(crate) struct DgramState {
     base: TransportBase,
-    handle: Option<UvHandle<PollBox>>,
+    handle: Option<UvPoll<DatagramCore>>,
     /// The Python socket: its fd is ours to use until `_close_handle`, and
     /// its `sendto` resolves the addresses not handled natively.
     sock: Option<Py<PyAny>>,
@@ -121,16 +122,10 @@ impl DgramState {
         if want == self.events {
             return Ok(());
         }
-        // SAFETY: the handle is open (it leaves the state before uv_close).
-        let rc = unsafe {
-            if want == 0 {
-                sys::uv_poll_stop(&mut (*h.raw()).handle)
-            } else {
-                sys::uv_poll_start(&mut (*h.raw()).handle, want, Some(on_poll))
-            }
-        };
-        if rc < 0 {
-            return Err(rc);
+        if want == 0 {
+            h.stop()?;
+        } else {
+            h.start(want)?;
         }
         self.events = want;
         Ok(())
@@ -139,15 +134,10 @@ impl DgramState {
 
 #[pyclass(module = "zuvrs._zuvrs", name = "DatagramCore", frozen)]
 pub struct DatagramCore {
-    shared: *const LoopShared,
+    /// The loop (set at creation, never changed).
+    link: LoopRef,
     state: NativeCell<DgramState>,
 }
-
-// SAFETY: as for StreamCore: `shared` is set once and outlives the handle;
-// the state is in a NativeCell.
-unsafe impl Sync for DatagramCore {}
-// SAFETY: as above.
-unsafe impl Send for DatagramCore {}
 
 impl Transport for DatagramCore {
     type State = DgramState;
@@ -159,8 +149,7 @@ impl Transport for DatagramCore {
 
     #[inline]
     fn shared(&self) -> &LoopShared {
-        // SAFETY: see the Sync impl.
-        unsafe { &*self.shared }
+        self.link.get()
     }
 }
 
@@ -250,21 +239,19 @@ impl DatagramCore {
             Ok(b) => b,
             Err(err) => return classify(py, err),
         };
-        let bytes = buf.as_slice();
         loop {
-            // SAFETY: the buffer is exported for the duration of the call;
-            // the address is a valid sockaddr of its length.
-            let n = unsafe {
-                match &dest {
-                    None => libc::send(fd, bytes.as_ptr() as *const _, bytes.len(), 0),
-                    Some(sa) => libc::sendto(fd, bytes.as_ptr() as *const _, bytes.len(), 0, sa.as_ptr(), sa.len()),
-                }
+            let sent = match &dest {
+                None => sock::send(fd, buf.as_slice()),
+                Some(sa) => sock::sendto(fd, buf.as_slice(), sa),
             };
-            if n >= 0 {
-                self.count_sent(py, n as usize);
-                return Ok(Sent::Done);
-            }
-            match last_errno() {
+            let errno = match sent {
+                Ok(n) => {
+                    self.count_sent(py, n);
+                    return Ok(Sent::Done);
+                }
+                Err(errno) => errno,
+            };
+            match errno {
                 libc::EAGAIN => return Ok(Sent::Blocked),
                 // As the socket module: run signal handlers, then retry.
                 libc::EINTR => {
@@ -304,19 +291,20 @@ impl DatagramCore {
         }
         let mut src;
         let n = loop {
-            // The loop's read buffer (asked for again: signal handlers may
-            // have run Python code since the last attempt).
-            let buf = readbuf::scratch(py)?;
+            // Into the loop's read buffer (asked for again: signal handlers
+            // may have run Python code since the last attempt).
             src = SockAddr::empty();
-            let (sa, len) = src.raw_mut();
-            // SAFETY: the buffer and the address storage are sized.
-            let n = unsafe { libc::recvfrom(fd, buf as *mut _, READ_SIZE, 0, sa, len) };
-            if n >= 0 {
-                let io = &self.shared().stats.io;
-                self.state.with(py, |st| st.base.stats.read(io, n as usize));
-                break n as usize;
-            }
-            match last_errno() {
+            let received = readbuf::with_memory(py, |buf| sock::recvfrom(fd, buf, &mut src))
+                .ok_or_else(|| PyMemoryError::new_err(()))?;
+            let errno = match received {
+                Ok(n) => {
+                    let io = &self.shared().stats.io;
+                    self.state.with(py, |st| st.base.stats.read(io, n));
+                    break n;
+                }
+                Err(errno) => errno,
+            };
+            match errno {
                 libc::EAGAIN => return Ok(()),
                 libc::EINTR => {
                     if let Err(err) = py.check_signals() {
@@ -457,19 +445,22 @@ impl DatagramCore {
         });
         if let Some(h) = handle {
             self.shared().unregister(py, ClientPtr(self));
-            h.close_with(base::on_closed::<sys::uv_poll_t, DatagramCore>);
+            h.close();
         }
     }
 }
 
-unsafe extern "C" fn on_poll(handle: *mut sys::uv_poll_t, status: i32, events: i32) {
-    // SAFETY: the handle's data is a live DatagramCore (see base::enter).
-    let (core, py, scope) = unsafe { base::enter::<DatagramCore>(handle as *mut sys::uv_handle_t) };
-    let error = status < 0;
-    let readable = error || events & sys::uv_poll_event_UV_READABLE as i32 != 0;
-    let writable = error || events & sys::uv_poll_event_UV_WRITABLE as i32 != 0;
-    core.on_ready(py, readable, writable, error);
-    core.leave_io(py, scope);
+/// The poll handle's callback (uv.rs's trampoline calls this).
+impl PollOwner for DatagramCore {
+    #[inline]
+    fn poll_ready(&self, py: Python<'_>, status: i32, events: i32) {
+        let scope = self.begin_io(py);
+        let error = status < 0;
+        let readable = error || events & sys::uv_poll_event_UV_READABLE as i32 != 0;
+        let writable = error || events & sys::uv_poll_event_UV_WRITABLE as i32 != 0;
+        self.on_ready(py, readable, writable, error);
+        self.leave_io(py, scope);
+    }
 }
 
 #[pymethods]
@@ -487,9 +478,9 @@ impl DatagramCore {
         address: &Bound<'_, PyAny>,
         connected: bool,
     ) -> PyResult<Py<DatagramCore>> {
-        let shared: *const LoopShared = loop_obj.get().shared();
-        // SAFETY: the loop object is alive (borrowed).
-        let uv_loop = unsafe { (*shared).uv_loop(py)? };
+        let link = LoopRef::new(loop_obj);
+        // A closed loop refuses before anything is asked of the socket.
+        link.get().uv_loop(py)?;
         let fd: i32 = python::call_method0(sock, python::socket::fileno(py))?.extract()?;
         let family: i32 = sock.getattr(python::socket::family(py))?.extract()?;
         if family != libc::AF_INET && family != libc::AF_INET6 && family != libc::AF_UNIX {
@@ -504,7 +495,7 @@ impl DatagramCore {
         let core = Py::new(
             py,
             DatagramCore {
-                shared,
+                link,
                 state: NativeCell::new(DgramState {
                     base: TransportBase::new(py, loop_obj.clone().into_any().unbind(), wrapper)?,
                     handle: None,
@@ -523,23 +514,10 @@ impl DatagramCore {
                 }),
             },
         )?;
-        let me = core.get() as *const DatagramCore;
-        let h = UvHandle::new(PollBox::new(shared));
-        // SAFETY: a fresh allocation on an open loop; an init failure frees
-        // it directly (libuv never saw it).
-        unsafe {
-            let raw = h.raw();
-            let rc = sys::uv_poll_init(uv_loop, &mut (*raw).handle, fd);
-            if rc < 0 {
-                h.free_uninit();
-                return Err(uv_error(rc));
-            }
-            h.set_data(me);
-            (*raw).keep_alive = Some(core.clone_ref(py));
-        }
-        core.get().state.with(py, |st| st.handle = Some(h));
-        // SAFETY: as above.
-        unsafe { (*shared).register(py, ClientPtr(me)) };
+        let me = core.get();
+        let h = UvPoll::open(py, &me.link, &core, fd)?;
+        me.state.with(py, |st| st.handle = Some(h));
+        me.shared().register(py, ClientPtr(me as *const DatagramCore));
         Ok(core)
     }
 
@@ -616,11 +594,8 @@ impl DatagramCore {
     /// asyncio's `DatagramTransport.sendto`.
     #[pyo3(signature = (data, addr=None))]
     fn sendto(&self, py: Python<'_>, data: &Bound<'_, PyAny>, addr: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let p = data.as_ptr();
-        // SAFETY: type checks only.
-        let is_bytes = unsafe { pyo3::ffi::PyBytes_Check(p) } != 0;
-        // SAFETY: as above.
-        if !is_bytes && unsafe { pyo3::ffi::PyByteArray_Check(p) == 0 && pyo3::ffi::PyMemoryView_Check(p) == 0 } {
+        let bytes = data.cast::<PyBytes>().ok();
+        if bytes.is_none() && !data.is_instance_of::<PyByteArray>() && !data.is_instance_of::<PyMemoryView>() {
             let name = data.get_type().name()?;
             return Err(PyTypeError::new_err(format!(
                 "data argument must be a bytes-like object, not {}",
@@ -628,8 +603,10 @@ impl DatagramCore {
             )));
         }
         if !SENDS_EMPTY {
-            // SAFETY: p is a bytes object when is_bytes.
-            let empty = if is_bytes { (unsafe { pyo3::ffi::PyBytes_Size(p) }) == 0 } else { !data.is_truthy()? };
+            let empty = match bytes {
+                Some(b) => bytes_data(b.as_unbound()).is_empty(),
+                None => !data.is_truthy()?,
+            };
             if empty {
                 return Ok(());
             }
@@ -669,8 +646,7 @@ impl DatagramCore {
             }
         }
         // Ensure that what is buffered is immutable: bytes(data).
-        // SAFETY: PyObject_Bytes returns a new reference or NULL.
-        let copy = unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyObject_Bytes(p))? }.cast_into::<PyBytes>()?;
+        let copy = bytes_of(data)?.cast_into::<PyBytes>()?;
         let size = data.len()? + HEADER_SIZE;
         let buffered = self.state.with(py, |st| {
             st.queue.push_back(Pending { data: copy.unbind(), addr: addr.unbind() });
@@ -763,27 +739,25 @@ impl DatagramCore {
     }
 
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
-        // SAFETY: the GC holds the GIL; this only reads.
-        unsafe {
-            self.state.peek(|st| {
-                st.base.visit(&visit)?;
-                visit.call(&st.sock)?;
-                if let Some((a, allowed)) = &st.address {
-                    visit.call(a)?;
-                    visit.call(allowed)?;
-                }
-                for p in &st.queue {
-                    visit.call(&p.data)?;
-                    visit.call(&p.addr)?;
-                }
-                if let Some((obj, _)) = &st.last_dest {
-                    visit.call(obj)?;
-                }
-                if let Some((_, t)) = &st.last_source {
-                    visit.call(t)?;
-                }
-                Ok(())
-            })
-        }
+        self.link.visit(&visit)?;
+        traverse_state(&self.state, &visit, |st| {
+            st.base.visit(&visit)?;
+            visit.call(&st.sock)?;
+            if let Some((a, allowed)) = &st.address {
+                visit.call(a)?;
+                visit.call(allowed)?;
+            }
+            for p in &st.queue {
+                visit.call(&p.data)?;
+                visit.call(&p.addr)?;
+            }
+            if let Some((obj, _)) = &st.last_dest {
+                visit.call(obj)?;
+            }
+            if let Some((_, t)) = &st.last_source {
+                visit.call(t)?;
+            }
+            Ok(())
+        })
     }
 }

@@ -11,10 +11,11 @@
 //! - sink.rs: `ReadSink`, native code that takes a protocol's reads instead
 //!   of its `data_received` (the native asyncio streams of src/streams)
 //!
-//! Life of the handle: `open` allocates it and keeps a strong reference to
-//! the core in the handle's box, so the core lives while libuv may call
-//! back; `close_handle` (after connection_lost, or when the loop closes)
-//! calls `uv_close`, whose callback frees the box and that reference.
+//! Life of the handle (a `UvStream`, uv.rs): `open` allocates it, and its
+//! box keeps a strong reference to the core, so the core lives while libuv
+//! may call back; `close_handle` (after connection_lost, or when the loop
+//! closes) closes it, and libuv's close callback frees the box and that
+//! reference.
 
 mod reader;
 mod sink;
@@ -26,25 +27,17 @@ pub(crate) use sink::ReadSink;
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError};
 use pyo3::prelude::*;
 
+use crate::capi::transport::traverse_state;
 use crate::cell::NativeCell;
 use crate::errors::{is_fatal_base, os_error, uv_error};
 use crate::eventloop::{ClientPtr, LoopClient, LoopCore, LoopShared};
 use crate::python;
-use crate::transport::base::{self, CoreBox, HasBase, Transport, TransportBase};
+use crate::transport::base::{HasBase, Transport, TransportBase};
 use crate::transport::buffer::BufferView;
-use crate::uv::{sys, UvHandle};
+use crate::uv::sys;
+use crate::uv::transport::{LoopRef, ReadInto, StreamOwner, UvStream};
 use sink::Sink;
-use writer::WriteQueue;
-
-/// The libuv stream behind a transport: TCP, or a pipe for Unix sockets.
-#[repr(C)]
-union StreamHandle {
-    tcp: std::mem::ManuallyDrop<sys::uv_tcp_t>,
-    pipe: std::mem::ManuallyDrop<sys::uv_pipe_t>,
-}
-
-/// Both variants start with `uv_stream_t`.
-type StreamBox = CoreBox<StreamHandle, StreamCore>;
+use writer::{Outgoing, WriteQueue};
 
 /// What the stream is to asyncio.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -63,10 +56,10 @@ enum Reader {
     /// `protocol.data_received(bytes)`, from the loop's read buffer.
     Plain,
     /// An asyncio.BufferedProtocol: libuv reads into the buffer lent by
-    /// `get_buffer()` (`view`, while a read is pending), then
-    /// `buffer_updated(n)`; `error` is why no read could be made, with the
-    /// message asyncio reports it under.
-    Buffered { view: Option<BufferView>, error: Option<(PyErr, &'static str)> },
+    /// `get_buffer()` (held by the stream while the read is under way),
+    /// then `buffer_updated(n)`; `error` is why no read could be made, with
+    /// the message asyncio reports it under.
+    Buffered { error: Option<(PyErr, &'static str)> },
     /// A TLS connection (tls.rs): the socket's reads feed the session, and
     /// the application protocol (plain or buffered) gets what it decrypts.
     Tls(Box<tls::Tls>),
@@ -75,7 +68,7 @@ enum Reader {
 impl Reader {
     fn for_protocol(buffered: bool) -> Reader {
         if buffered {
-            Reader::Buffered { view: None, error: None }
+            Reader::Buffered { error: None }
         } else {
             Reader::Plain
         }
@@ -94,7 +87,7 @@ impl Reader {
 
 pub(crate) struct StreamState {
     base: TransportBase,
-    handle: Option<UvHandle<StreamBox>>,
+    handle: Option<UvStream<StreamCore>>,
     kind: StreamKind,
     reader: Reader,
     /// libuv is reading (uv_read_start is in force).
@@ -127,30 +120,23 @@ impl HasBase for StreamState {
 }
 
 impl StreamState {
+    /// The stream as libuv knows it, while open (an opaque pointer).
     fn stream_ptr(&self) -> Option<*mut sys::uv_stream_t> {
-        self.handle.as_ref().map(|h| h.raw() as *mut sys::uv_stream_t)
+        self.handle.as_ref().map(|h| h.raw_stream())
     }
 
     /// The core's own Python object (the handle box keeps it), while open.
     fn object(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        let h = self.handle.as_ref()?;
-        // SAFETY: the box is alive while the handle is in the state.
-        unsafe { (*h.raw()).keep_alive.as_ref().map(|c| c.clone_ref(py).into_any()) }
+        self.handle.as_ref()?.owner(py).map(Py::into_any)
     }
 }
 
 #[pyclass(module = "zuvrs._zuvrs", name = "StreamCore", frozen)]
 pub struct StreamCore {
-    shared: *const LoopShared,
+    /// The loop (set at creation, never changed).
+    link: LoopRef,
     state: NativeCell<StreamState>,
 }
-
-// SAFETY: `shared` is set once and points at the loop, which outlives the
-// core's handle (the loop closes its clients first); the state is in a
-// NativeCell.
-unsafe impl Sync for StreamCore {}
-// SAFETY: as above.
-unsafe impl Send for StreamCore {}
 
 impl Transport for StreamCore {
     type State = StreamState;
@@ -162,8 +148,34 @@ impl Transport for StreamCore {
 
     #[inline]
     fn shared(&self) -> &LoopShared {
-        // SAFETY: see the Sync impl.
-        unsafe { &*self.shared }
+        self.link.get()
+    }
+}
+
+/// The stream's libuv callbacks (uv.rs's trampolines call these).
+impl StreamOwner for StreamCore {
+    type Lent = BufferView;
+    type Write = Outgoing;
+
+    #[inline]
+    fn lend(&self, py: Python<'_>) -> ReadInto<BufferView> {
+        self.read_target(py)
+    }
+
+    #[inline]
+    fn read_done(&self, py: Python<'_>, nread: isize, lent: Option<BufferView>) {
+        let scope = self.begin_io(py);
+        self.on_read(py, nread, lent);
+        self.leave_io(py, scope);
+    }
+
+    #[inline]
+    fn write_done(&self, py: Python<'_>, write: Outgoing, status: i32) {
+        let bytes = write.bytes();
+        drop(write);
+        if let Err(err) = self.on_write_done(py, bytes, status) {
+            self.fail_in_callback(py, err);
+        }
     }
 }
 
@@ -323,7 +335,7 @@ impl StreamCore {
         });
         if let Some(h) = handle {
             self.shared().unregister(py, ClientPtr(self));
-            h.close_with(base::on_closed::<StreamHandle, StreamCore>);
+            h.close();
         }
     }
 }
@@ -346,13 +358,13 @@ impl StreamCore {
         pipe: bool,
     ) -> PyResult<Py<StreamCore>> {
         let unix = unix || pipe;
-        let shared: *const LoopShared = loop_obj.get().shared();
-        // SAFETY: the loop object is alive (borrowed).
-        let uv_loop = unsafe { (*shared).uv_loop(py)? };
+        let link = LoopRef::new(loop_obj);
+        // A closed loop refuses before anything is made.
+        link.get().uv_loop(py)?;
         let core = Py::new(
             py,
             StreamCore {
-                shared,
+                link,
                 state: NativeCell::new(StreamState {
                     base: TransportBase::new(py, loop_obj.clone().into_any().unbind(), wrapper)?,
                     handle: None,
@@ -372,41 +384,11 @@ impl StreamCore {
                 }),
             },
         )?;
-        let me = core.get() as *const StreamCore;
-        let h = UvHandle::new(StreamBox::new(shared));
-        // SAFETY: a fresh allocation on an open loop; on failure after init
-        // the handle is closed, never freed directly.
-        unsafe {
-            let raw = h.raw();
-            let rc = if unix {
-                sys::uv_pipe_init(uv_loop, &mut *(*raw).handle.pipe, 0)
-            } else {
-                sys::uv_tcp_init(uv_loop, &mut *(*raw).handle.tcp)
-            };
-            if rc < 0 {
-                h.free_uninit();
-                return Err(uv_error(rc));
-            }
-            h.set_data(me);
-            let rc = if unix {
-                sys::uv_pipe_open(&mut *(*raw).handle.pipe, fd)
-            } else {
-                sys::uv_tcp_open(&mut *(*raw).handle.tcp, fd)
-            };
-            if rc < 0 {
-                h.close_with(base::on_closed::<StreamHandle, StreamCore>);
-                return Err(uv_error(rc));
-            }
-            if !unix {
-                // As asyncio does for every TCP transport. A stream socket
-                // that is not TCP refuses the option; that is fine.
-                sys::uv_tcp_nodelay(&mut *(*raw).handle.tcp, 1);
-            }
-            (*raw).keep_alive = Some(core.clone_ref(py));
-        }
-        core.get().state.with(py, |st| st.handle = Some(h));
-        // SAFETY: as above.
-        unsafe { (*shared).register(py, ClientPtr(me)) };
+        let me = core.get();
+        // (TCP gets TCP_NODELAY, as asyncio sets it on every TCP transport.)
+        let h = UvStream::open(py, &me.link, &core, fd, unix)?;
+        me.state.with(py, |st| st.handle = Some(h));
+        me.shared().register(py, ClientPtr(me as *const StreamCore));
         Ok(core)
     }
 
@@ -723,15 +705,13 @@ impl StreamCore {
     }
 
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
-        // SAFETY: the GC holds the GIL; this only reads.
-        unsafe {
-            self.state.peek(|st| {
-                st.base.visit(&visit)?;
-                if let Some(sink) = &st.sink {
-                    sink.visit(&visit)?;
-                }
-                visit.call(&st.drain_waiter)
-            })
-        }
+        self.link.visit(&visit)?;
+        traverse_state(&self.state, &visit, |st| {
+            st.base.visit(&visit)?;
+            if let Some(sink) = &st.sink {
+                sink.visit(&visit)?;
+            }
+            visit.call(&st.drain_waiter)
+        })
     }
 }

@@ -6,8 +6,6 @@
 //! inside libuv's read callback; a BufferedProtocol, whose reads go straight
 //! into the buffer its `get_buffer()` lends; or TLS (tls.rs).
 
-use std::ptr;
-
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
@@ -18,7 +16,8 @@ use crate::python;
 use crate::transport::base::Transport;
 use crate::transport::buffer::BufferView;
 use crate::transport::readbuf::{self, READ_SIZE};
-use crate::uv::{self, sys};
+use crate::uv::sys;
+use crate::uv::transport::ReadInto;
 
 impl StreamCore {
     pub(super) fn start_read(&self, py: Python<'_>) -> Result<(), i32> {
@@ -26,12 +25,8 @@ impl StreamCore {
             if st.reading || !st.base.wants_reading() {
                 return Ok(());
             }
-            let Some(stream) = st.stream_ptr() else { return Ok(()) };
-            // SAFETY: the stream is open; its data is this core.
-            let rc = unsafe { sys::uv_read_start(stream, Some(on_alloc), Some(on_read)) };
-            if rc < 0 {
-                return Err(rc);
-            }
+            let Some(stream) = &st.handle else { return Ok(()) };
+            stream.read_start()?;
             st.reading = true;
             Ok(())
         })
@@ -41,9 +36,8 @@ impl StreamCore {
         self.state.with(py, |st| {
             if st.reading {
                 st.reading = false;
-                if let Some(stream) = st.stream_ptr() {
-                    // SAFETY: the stream is open.
-                    unsafe { sys::uv_read_stop(stream) };
+                if let Some(stream) = &st.handle {
+                    stream.read_stop();
                 }
             }
         })
@@ -52,7 +46,7 @@ impl StreamCore {
     /// libuv wants memory for a read. A BufferedProtocol lends its own buffer
     /// (`get_buffer(-1)`, as asyncio asks before each recv_into); otherwise
     /// the loop's read buffer.
-    fn read_target(&self, py: Python<'_>) -> sys::uv_buf_t {
+    pub(super) fn read_target(&self, py: Python<'_>) -> ReadInto<BufferView> {
         let (protocol, tls) = self.state.with(py, |st| match st.reader {
             Reader::Buffered { .. } => (st.base.protocol.as_ref().map(|p| p.clone_ref(py)), false),
             Reader::Plain => (None, false),
@@ -64,50 +58,47 @@ impl StreamCore {
             self.state.with(py, |st| st.read_waits = true);
             // Read nothing now: libuv reports UV_ENOBUFS, and the fd, still
             // readable, comes up again at the next poll.
-            return uv::buf(ptr::null(), 0);
+            return ReadInto::Nothing;
         }
         if let Some(protocol) = protocol {
             let view = {
                 let _context = self.protocol_context(py);
                 lend_buffer(protocol.bind(py))
             };
-            return self.state.with(py, |st| {
-                let Reader::Buffered { view: slot, error } = &mut st.reader else {
+            let (lent, unused) = self.state.with(py, |st| {
+                let Reader::Buffered { error } = &mut st.reader else {
                     // The protocol changed meanwhile: read nothing this time.
-                    return uv::buf(ptr::null(), 0);
+                    return (ReadInto::Nothing, view.ok());
                 };
                 match view {
-                    Ok(v) => {
-                        let buf = uv::buf(v.ptr(), v.len());
-                        *slot = Some(v);
-                        buf
-                    }
+                    Ok(v) => (ReadInto::Lent(v), None),
                     Err(e) => {
-                        // A zero-length buffer makes libuv report UV_ENOBUFS.
+                        // Nothing lent makes libuv report UV_ENOBUFS.
                         *error = Some(e);
-                        uv::buf(ptr::null(), 0)
+                        (ReadInto::Nothing, None)
                     }
                 }
             });
+            drop(unused);
+            return lent;
         }
-        match readbuf::memory(py) {
-            Some(p) => uv::buf(p, READ_SIZE),
-            // libuv reports UV_ENOBUFS for an empty buffer.
-            None => uv::buf(ptr::null(), 0),
-        }
+        // (libuv reports UV_ENOBUFS if it cannot be made.)
+        ReadInto::ReadBuffer(READ_SIZE)
     }
 
-    fn on_read(&self, py: Python<'_>, nread: isize) {
+    /// A read is done (`StreamOwner::read_done`); `view` is the buffer a
+    /// BufferedProtocol lent for it.
+    pub(super) fn on_read(&self, py: Python<'_>, nread: isize, view: Option<BufferView>) {
         let io = &self.shared().stats.io;
-        let (view, get_buffer_error, tls, waits) = self.state.with(py, |st| {
+        let (get_buffer_error, tls, waits) = self.state.with(py, |st| {
             if nread != sys::uv_errno_t_UV_ENOBUFS as isize {
                 st.base.stats.read(io, nread.max(0) as usize);
             }
             let waits = std::mem::take(&mut st.read_waits);
             match &mut st.reader {
-                Reader::Buffered { view, error } => (view.take(), error.take(), false, waits),
-                Reader::Plain => (None, None, false, waits),
-                Reader::Tls(_) => (None, None, true, waits),
+                Reader::Buffered { error } => (error.take(), false, waits),
+                Reader::Plain => (None, false, waits),
+                Reader::Tls(_) => (None, true, waits),
             }
         });
         if waits {
@@ -191,6 +182,7 @@ impl StreamCore {
 
     /// Hands `n` bytes from the read buffer to `protocol.data_received`, or
     /// to the sink that takes the protocol's reads (sink.rs).
+    #[inline]
     fn deliver(&self, py: Python<'_>, n: usize) -> PyResult<()> {
         let result = match self.sink(py) {
             Some(sink) => self.deliver_to_sink(py, &*sink, n),
@@ -291,21 +283,4 @@ fn lend_buffer(protocol: &Bound<'_, PyAny>) -> Result<BufferView, (PyErr, &'stat
             (e, "")
         }
     })
-}
-
-unsafe extern "C" fn on_alloc(handle: *mut sys::uv_handle_t, _suggested: usize, buf: *mut sys::uv_buf_t) {
-    // SAFETY: data is the live core; the buffer handed out is consumed by
-    // on_read before the next allocation.
-    unsafe {
-        let core = &*((*handle).data as *const StreamCore);
-        let py = core.shared().reacquire_gil();
-        *buf = core.read_target(py);
-    }
-}
-
-unsafe extern "C" fn on_read(stream: *mut sys::uv_stream_t, nread: isize, _buf: *const sys::uv_buf_t) {
-    // SAFETY: the handle's data is a live StreamCore (see base::enter).
-    let (core, py, scope) = unsafe { crate::transport::base::enter::<StreamCore>(stream as *mut sys::uv_handle_t) };
-    core.on_read(py, nread);
-    core.leave_io(py, scope);
 }

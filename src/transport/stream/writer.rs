@@ -11,7 +11,6 @@
 //! Flow control calls `pause_writing` / `resume_writing` at the water marks.
 
 use std::collections::VecDeque;
-use std::mem::MaybeUninit;
 use std::rc::Rc;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
@@ -20,12 +19,15 @@ use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
 use smallvec::SmallVec;
 
 use super::{StreamCore, StreamKind};
-use crate::errors::{last_errno, uv_error};
+use crate::capi::transport::bytes_data;
+use crate::errors::uv_error;
 use crate::eventloop::ClientPtr;
+use crate::os::transport::shutdown_write;
 use crate::python;
 use crate::transport::base::{Transport, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
 use crate::transport::buffer::BufferView;
-use crate::uv::{self, sys};
+use crate::uv::sys;
+use crate::uv::transport::{IoBuf, WritePayload};
 
 /// The most libuv takes in one write (`UV__IO_MAX_BYTES`: it refuses more
 /// with EINVAL); a larger write goes out in parts.
@@ -55,14 +57,7 @@ impl Chunk {
 
     pub(super) fn remaining(&self) -> &[u8] {
         let all: &[u8] = match &self.data {
-            // SAFETY: a bytes object's buffer is immutable and lives as long
-            // as the reference this chunk holds.
-            ChunkData::Shared(b) => unsafe {
-                let p = b.as_ptr();
-                let data = pyo3::ffi::PyBytes_AsString(p) as *const u8;
-                let len = pyo3::ffi::PyBytes_Size(p) as usize;
-                std::slice::from_raw_parts(data, len)
-            },
+            ChunkData::Shared(b) => bytes_data(b),
             ChunkData::Owned(v) => v,
         };
         &all[self.start..self.end]
@@ -87,10 +82,10 @@ impl Chunk {
         front
     }
 
-    /// The libuv buffer over at most `limit` of what is left.
-    fn uv_buf(&self, limit: usize) -> sys::uv_buf_t {
+    /// A libuv buffer over at most `limit` of what is left.
+    fn io_buf(&self, limit: usize) -> IoBuf<'_> {
         let b = self.remaining();
-        uv::buf(b.as_ptr(), b.len().min(limit))
+        IoBuf::new(&b[..b.len().min(limit)])
     }
 }
 
@@ -110,26 +105,38 @@ pub(super) fn to_chunk(data: &Bound<'_, PyAny>) -> PyResult<(Chunk, usize)> {
 }
 
 /// libuv buffers over the front of `chunks`, at most MAX_WRITE bytes in all.
-fn uv_bufs<'a>(chunks: impl Iterator<Item = &'a Chunk>) -> SmallVec<[sys::uv_buf_t; 8]> {
+fn io_bufs<'a>(chunks: impl Iterator<Item = &'a Chunk>) -> SmallVec<[IoBuf<'a>; 8]> {
     let mut room = MAX_WRITE;
     let mut bufs = SmallVec::new();
     for c in chunks {
         if room == 0 {
             break;
         }
-        let buf = c.uv_buf(room);
-        room -= buf.len;
+        let buf = c.io_buf(room);
+        room -= buf.len();
         bufs.push(buf);
     }
     bufs
 }
 
-/// One in-flight `uv_write` and the buffers it points into.
-#[repr(C)]
-struct WriteReq {
-    req: sys::uv_write_t,
+/// What one in-flight `uv_write` holds: the chunks its buffers point into.
+pub(crate) struct Outgoing {
     chunks: SmallVec<[Chunk; 4]>,
     bytes: usize,
+}
+
+impl Outgoing {
+    /// The bytes the write sends.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl WritePayload for Outgoing {
+    #[inline]
+    fn bufs(&self) -> SmallVec<[IoBuf<'_>; 8]> {
+        io_bufs(self.chunks.iter())
+    }
 }
 
 /// What is waiting to be written, and what is on its way.
@@ -363,16 +370,14 @@ impl StreamCore {
         let io = &self.shared().stats.io;
         let failed = self.state.with(py, |st| {
             st.writes.flush_pending = false;
-            let stream = st.stream_ptr();
+            let stream = st.handle.as_ref();
             let w = &mut st.writes;
             if w.writing || w.queue.is_empty() {
                 return Ok(false);
             }
             let Some(stream) = stream else { return Ok(false) };
-            let bufs = uv_bufs(w.queue.iter());
-            // SAFETY: the buffers point into chunks the queue owns; libuv
-            // writes at most IOV_MAX of them.
-            let n = unsafe { sys::uv_try_write(stream, bufs.as_ptr(), bufs.len() as u32) };
+            // (libuv writes at most IOV_MAX of the buffers.)
+            let n = stream.try_write(&io_bufs(w.queue.iter()));
             st.base.stats.wrote(io, 1, n.max(0) as usize);
             if n < 0 && n != sys::uv_errno_t_UV_EAGAIN {
                 return Err((n, w.discard()));
@@ -397,10 +402,9 @@ impl StreamCore {
     /// Starts one vectored `uv_write` of everything queued, unless one is
     /// already in flight.
     fn submit(&self, py: Python<'_>) -> PyResult<()> {
-        let me = self as *const StreamCore;
         let io = &self.shared().stats.io;
         let failed = self.state.with(py, |st| {
-            let stream = st.stream_ptr()?;
+            let stream = st.handle.as_ref()?;
             let w = &mut st.writes;
             if w.writing || w.queue.is_empty() {
                 return None;
@@ -420,24 +424,11 @@ impl StreamCore {
                 bytes += front.len();
                 chunks.push(w.queue.pop_front().expect("front exists"));
             }
-            let mut req = Box::new(WriteReq {
-                // SAFETY: plain C data, initialised by uv_write below.
-                req: unsafe { MaybeUninit::zeroed().assume_init() },
-                chunks,
-                bytes,
-            });
             w.in_flight_bytes += bytes;
             w.queued_bytes -= bytes;
-            let bufs = uv_bufs(req.chunks.iter());
-            req.req.data = me as *mut _;
-            let raw = Box::into_raw(req);
-            // SAFETY: the buffers point into chunks owned by the request,
-            // which lives until on_write frees it.
-            let rc =
-                unsafe { sys::uv_write(&mut (*raw).req, stream, bufs.as_ptr(), bufs.len() as u32, Some(on_write)) };
-            if rc < 0 {
-                // SAFETY: libuv refused the request: it is still ours.
-                let req = unsafe { Box::from_raw(raw) };
+            // The request holds the chunks until libuv is done with them.
+            if let Err((rc, req)) = stream.write(Outgoing { chunks, bytes }) {
+                // libuv refused the request: it is still ours.
                 w.in_flight_bytes -= req.bytes;
                 return Some((rc, req));
             }
@@ -490,24 +481,15 @@ impl StreamCore {
             if !st.eof || st.shutdown_sent || !st.writes.is_idle() {
                 return None;
             }
-            let stream = st.stream_ptr()?;
+            let stream = st.handle.as_ref()?;
             st.shutdown_sent = true;
-            let mut fd: sys::uv_os_fd_t = -1;
-            // SAFETY: the stream is open; uv_fileno only reads its fd.
-            if unsafe { sys::uv_fileno(stream as *const sys::uv_handle_t, &mut fd) } < 0 {
-                return None;
-            }
-            // SAFETY: a plain system call on the stream's own socket; libuv
-            // has nothing in flight on it (the queue is idle) and only reads
-            // from it from now on.
-            if unsafe { libc::shutdown(fd, libc::SHUT_WR) } < 0 {
-                return Some(last_errno());
-            }
-            None
+            // On the stream's own socket: libuv has nothing in flight on it
+            // (the queue is idle) and only reads from it from now on.
+            shutdown_write(stream.fd()?).err()
         })
     }
 
-    fn on_write_done(&self, py: Python<'_>, bytes: usize, status: i32) -> PyResult<()> {
+    pub(super) fn on_write_done(&self, py: Python<'_>, bytes: usize, status: i32) -> PyResult<()> {
         let io = &self.shared().stats.io;
         let closed = self.state.with(py, |st| {
             if status >= 0 {
@@ -526,21 +508,5 @@ impl StreamCore {
         self.submit(py)?;
         self.queue_shrank(py)?;
         self.after_drain(py)
-    }
-}
-
-unsafe extern "C" fn on_write(req: *mut sys::uv_write_t, status: i32) {
-    // SAFETY: the request came from submit(); its data is the core, which
-    // its handle box keeps alive until the close callback, which libuv runs
-    // after cancelling pending writes.
-    unsafe {
-        let req = Box::from_raw(req as *mut WriteReq);
-        let core = &*(req.req.data as *const StreamCore);
-        let py = core.shared().enter_io();
-        let bytes = req.bytes;
-        drop(req);
-        if let Err(err) = core.on_write_done(py, bytes, status) {
-            core.fail_in_callback(py, err);
-        }
     }
 }
