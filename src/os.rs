@@ -242,21 +242,26 @@ pub(crate) mod net {
     /// copied once more.)
     #[inline]
     pub(crate) fn sock_name(fd: RawFd, sa: &mut SockAddr) -> Result<(), i32> {
-        // SAFETY: the storage is as large as the length says.
-        let rc = sa.fill(|p, len| unsafe { libc::getsockname(fd, p, len) });
-        if rc < 0 {
-            Err(last_errno())
-        } else {
-            Ok(())
-        }
+        name_into(fd, sa, libc::getsockname)
     }
 
     /// A connected socket's peer address (`getpeername`) into `sa`; the
     /// errno on failure.
     #[inline]
     pub(crate) fn peer_name(fd: RawFd, sa: &mut SockAddr) -> Result<(), i32> {
-        // SAFETY: the storage is as large as the length says.
-        let rc = sa.fill(|p, len| unsafe { libc::getpeername(fd, p, len) });
+        name_into(fd, sa, libc::getpeername)
+    }
+
+    /// `getsockname` or `getpeername` (`call`) into `sa`.
+    #[inline]
+    fn name_into(
+        fd: RawFd,
+        sa: &mut SockAddr,
+        call: unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int,
+    ) -> Result<(), i32> {
+        // SAFETY: the storage is as large as the length says; both calls
+        // write at most that much and report the length they wrote.
+        let rc = sa.fill(|p, len| unsafe { call(fd, p, len) });
         if rc < 0 {
             Err(last_errno())
         } else {
