@@ -18,6 +18,14 @@ Usage (from the repository root)::
     python3 benchmarks/compare.py --quick --loops uvloop,rloop,rsloop,zuvrs,zuvrs-streams \
         --workloads readline_echo_load,redis_get_set,redis_pipeline,idle_connections
 
+A before/after comparison of a change: build the other commit's wheel,
+unzip it into a directory and name it in ZUVRS_BASE; the loop
+``zuvrs-base`` is that build (it takes part only when named)::
+
+    git worktree add /tmp/base <commit> && (cd /tmp/base && maturin build --release -o /tmp/base-wheel)
+    unzip -q /tmp/base-wheel/*.whl -d /tmp/base-pkg
+    ZUVRS_BASE=/tmp/base-pkg python3 benchmarks/compare.py --loops uvloop,zuvrs-base,zuvrs
+
 Loops (``workloads.LOOP_NAMES``): asyncio (the control), uvloop, rloop,
 rsloop, zuvrs, and zuvrs-streams: zuvrs with ``zuvrs.streams.install()`` in
 force, so that asyncio.open_connection, start_server, open_unix_connection
@@ -239,7 +247,7 @@ QUICK_SAMPLES = 3
 RATIO_BASES = ("uvloop", "asyncio", "rloop", "rsloop")
 #: the summary's ratio columns: (subject, bases); a column appears when
 #: both loops take part in the run
-SUMMARY_RATIOS = (("zuvrs", RATIO_BASES),
+SUMMARY_RATIOS = (("zuvrs", RATIO_BASES + ("zuvrs-base",)),
                   ("zuvrs-streams", ("uvloop", "zuvrs", "rsloop")))
 
 
@@ -1047,8 +1055,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     loops = _csv(a.loops)
     for l in loops:
-        if l not in workloads.LOOP_NAMES:
-            ap.error(f"unknown loop {l!r}; known: {', '.join(workloads.LOOP_NAMES)}")
+        if l not in workloads.LOOP_NAMES + workloads.EXTRA_LOOP_NAMES:
+            ap.error(f"unknown loop {l!r}; known: "
+                     f"{', '.join(workloads.LOOP_NAMES + workloads.EXTRA_LOOP_NAMES)}")
     wnames = _csv(a.workloads)
     for w in wnames:
         if w not in workloads.WORKLOADS:

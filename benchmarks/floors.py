@@ -33,6 +33,18 @@ Floors (each sample is a fresh process, as for the loops):
   TCP connection by plain non-blocking ``send`` / ``recv_into`` calls (256
   KiB reads, as the loops read), still in one thread: crypto plus the
   kernel's transfer, what any loop must do at least.
+* ``bulk_flow/tcp_chunk`` and ``bulk_flow/tcp_fill``: ``tcp_bulk_flow``
+  with no loop: the same 512 MiB, the same 256 KiB chunk object, written by
+  non-blocking ``send`` on one end of a loopback TCP connection (TCP_NODELAY
+  on both, as every loop sets it) and read by ``recv_into`` a 256 KiB
+  buffer on the other, in one thread, each piece sampled at three bytes as
+  the workload's receiving Protocol samples it. ``tcp_chunk`` reads after
+  every chunk; ``tcp_fill`` sends until the socket says EAGAIN and then
+  reads until it says EAGAIN, which is what the workload's writer (it
+  writes until pause_writing) makes of a loop that writes straight to its
+  socket. The kernel's cost differs by 3-4x between the two on this
+  machine: the fill leaves megabytes in flight, more than a core's L2
+  cache, so both copies of every byte miss it.
 * ``tls_echo/memory_bios``: the TLS part of ``tls_echo_streams``: 20,000
   round trips of 1 KiB (client writes, server reads and writes back, client
   reads) between the same two SSLObjects.
@@ -64,6 +76,7 @@ WORKLOADS = {
     "pipe_output": ("subprocess_pipe_output", 256, ("pipe", "pipe_default", "socketpair")),
     "tls_bulk": ("tls_bulk", 512, ("memory_bios", "tcp")),
     "tls_echo": ("tls_echo_streams", 20_000, ("memory_bios",)),
+    "bulk_flow": ("tcp_bulk_flow", 512, ("tcp_chunk", "tcp_fill")),
 }
 
 
@@ -239,7 +252,52 @@ def floor_tls_echo(variant: str, n: int) -> float:
     return time.perf_counter() - t0
 
 
-FLOORS = {"spawn": floor_spawn, "pipe_output": floor_pipe_output,
+def floor_bulk_flow(variant: str, mib: int) -> float:
+    total = mib * workloads.MIB
+    c = workloads.FLOW_CHUNK
+    period = workloads.BULK_PERIOD
+    chunk = memoryview(bytes(i % period for i in range(c)))
+    t0 = time.perf_counter()
+    listener = socket.create_server((workloads.HOST, 0))
+    a = socket.create_connection(listener.getsockname())
+    b, _ = listener.accept()
+    listener.close()
+    for s in (a, b):
+        s.setblocking(False)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    view = memoryview(bytearray(workloads.PIPE_OUTPUT_READ))
+    sent = got = mismatches = 0
+    out = chunk[:0]
+    while got < total:
+        chunks = 0
+        while (out or sent < total) and (variant == "tcp_fill" or chunks < 1):
+            if not out:
+                out = chunk if total - sent >= c else chunk[:total - sent]
+                sent += len(out)
+                chunks += 1
+            try:
+                out = out[a.send(out):]
+            except BlockingIOError:
+                break
+        while True:
+            try:
+                n = b.recv_into(view)
+            except BlockingIOError:
+                break
+            m = n >> 1  # FlowBulkReceiverProtocol's check
+            if (view[0] != (got % c) % period or view[m] != ((got + m) % c) % period
+                    or view[n - 1] != ((got + n - 1) % c) % period):
+                mismatches += 1
+            got += n
+    a.close()
+    b.close()
+    elapsed = time.perf_counter() - t0
+    if got != total or mismatches:
+        raise RuntimeError(f"received {got} of {total}, {mismatches} mismatches")
+    return elapsed
+
+
+FLOORS = {"spawn": floor_spawn, "bulk_flow": floor_bulk_flow, "pipe_output": floor_pipe_output,
           "tls_bulk": floor_tls_bulk, "tls_echo": floor_tls_echo}
 
 

@@ -1050,3 +1050,25 @@ def test_peer_cpu_modes(monkeypatch) -> None:
     monkeypatch.setenv("ZUVRS_BENCH_PEER_CPU", "elsewhere")
     with pytest.raises(ValueError):
         workloads._cpu_pair()
+
+
+def test_zuvrs_base_needs_its_directory(monkeypatch, tmp_path) -> None:
+    """zuvrs-base (another commit's build, for before/after runs) is
+    unavailable, not silently the installed zuvrs, when ZUVRS_BASE names no
+    directory with a zuvrs package; and it is no default loop."""
+    assert "zuvrs-base" not in workloads.LOOP_NAMES
+    monkeypatch.delenv(workloads.BASE_ENV, raising=False)
+    with pytest.raises(workloads.LoopUnavailable):
+        workloads.get_loop_factory("zuvrs-base")
+    monkeypatch.setenv(workloads.BASE_ENV, str(tmp_path))
+    with pytest.raises(workloads.LoopUnavailable):
+        workloads.get_loop_factory("zuvrs-base")
+
+
+def test_bulk_flow_floor_moves_the_bytes() -> None:
+    """floors.py's tcp_bulk_flow floors move and check every byte (a small
+    size), in both of their patterns."""
+    import floors
+
+    for variant in ("tcp_chunk", "tcp_fill"):
+        assert floors.floor_bulk_flow(variant, 4) > 0

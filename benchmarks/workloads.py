@@ -75,6 +75,13 @@ LOOP_NAMES = ("asyncio", "uvloop", "rloop", "rsloop", "zuvrs", "zuvrs-streams")
 #: the HTTP benchmarks' default loops (their servers and clients use
 #: protocols, not streams, so zuvrs-streams would repeat zuvrs)
 HTTP_LOOP_NAMES = ("asyncio", "uvloop", "rloop", "zuvrs")
+#: loops that take part only when asked for: ``zuvrs-base`` is zuvrs as
+#: built from another commit, the package in the directory that the
+#: environment variable ZUVRS_BASE names (a wheel unpacked there, see
+#: compare.py), for a before/after comparison of a change in one run
+EXTRA_LOOP_NAMES = ("zuvrs-base",)
+#: where zuvrs-base's package is
+BASE_ENV = "ZUVRS_BASE"
 
 #: name -> (module to import, attribute that makes a new loop)
 _LOOP_MODULES = {
@@ -84,6 +91,7 @@ _LOOP_MODULES = {
     "rsloop": ("rsloop", "new_event_loop"),
     "zuvrs": ("zuvrs", "new_event_loop"),
     "zuvrs-streams": ("zuvrs", "new_event_loop"),
+    "zuvrs-base": ("zuvrs", "new_event_loop"),
 }
 
 _ASYNCIO_READER = "asyncio.streams.StreamReader"
@@ -102,6 +110,7 @@ STREAM_READERS: Dict[str, Dict[str, str]] = {
     "zuvrs": {"tcp": _ASYNCIO_READER, "unix": _ASYNCIO_READER},
     "zuvrs-streams": {"tcp": "zuvrs.streams.StreamReader",
                       "unix": "zuvrs.streams.StreamReader"},
+    "zuvrs-base": {"tcp": _ASYNCIO_READER, "unix": _ASYNCIO_READER},
 }
 
 #: what a loop's column is besides "the loop" (compare.py's provenance)
@@ -114,6 +123,8 @@ LOOP_NOTES = {
                      "called first: asyncio's open_connection, start_server, "
                      "open_unix_connection and start_unix_server give "
                      "zuvrs.streams' native StreamReader / StreamWriter",
+    "zuvrs-base": "zuvrs built from another commit (the package in "
+                  "$ZUVRS_BASE), asyncio's streams",
 }
 
 
@@ -159,8 +170,15 @@ def get_loop_factory(name: str) -> LoopFactory:
         modname, attr = _LOOP_MODULES[name]
     except KeyError:
         raise ValueError(
-            f"unknown loop {name!r}; known: {', '.join(LOOP_NAMES)}"
+            f"unknown loop {name!r}; known: {', '.join(LOOP_NAMES + EXTRA_LOOP_NAMES)}"
         ) from None
+    if name == "zuvrs-base":
+        base = os.environ.get(BASE_ENV)
+        if not base or not os.path.isdir(os.path.join(base, "zuvrs")):
+            raise LoopUnavailable(f"zuvrs-base: ${BASE_ENV} names no directory holding zuvrs")
+        if "zuvrs" in sys.modules and not sys.modules["zuvrs"].__file__.startswith(base):
+            raise LoopUnavailable("zuvrs-base: another zuvrs is imported in this process")
+        sys.path.insert(0, base)
     try:
         mod = importlib.import_module(modname)
         prepare = _LOOP_PREPARE.get(name)
