@@ -276,6 +276,48 @@ def test_tls_writes_after_close_warn_as_asyncio(loop, pki, caplog):
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == ["SSL connection is closed"]
 
 
+@SSLPROTO_311
+def test_tls_buffered_protocol_empty_buffer_is_eof(loop, pki):
+    """A BufferedProtocol on TLS whose get_buffer() returns an empty buffer:
+    sslproto reads 0 bytes into it and takes that for close_notify, so the
+    protocol gets eof_received() and the connection shuts down cleanly (the
+    socket transport's RuntimeError is not raised there)."""
+
+    events = []
+
+    class Empty(asyncio.BufferedProtocol):
+        def connection_made(self, transport):
+            self.transport = transport
+            self.lost = asyncio.get_running_loop().create_future()
+
+        def get_buffer(self, sizehint):
+            events.append("get_buffer")
+            return bytearray(0)
+
+        def buffer_updated(self, nbytes):
+            events.append(("buffer_updated", nbytes))
+
+        def eof_received(self):
+            events.append("eof")
+
+        def connection_lost(self, exc):
+            events.append(("lost", type(exc).__name__ if exc else None))
+            self.lost.set_result(None)
+
+    async def main():
+        pair = await TlsPair.open(server_context(pki), client_context(pki), server_factory=Empty)
+        pair.client_transport.write(b"hello")
+        await asyncio.wait_for(pair.server.lost, 5)
+        client_lost = await asyncio.wait_for(pair.client.lost, 5)
+        await pair.aclose()
+        return events[events.index("eof") - 1:], describe(client_lost)
+
+    def describe(exc):
+        return exc if exc is None else type(exc).__name__
+
+    assert run(loop, main()) == (["get_buffer", "eof", "get_buffer", ("lost", None)], None)
+
+
 @pytest.mark.parametrize("end", ["write_eof", "abort"])
 def test_write_pipe_writes_after_the_end_warn_as_asyncio(loop, caplog, end):
     """A write pipe's write_eof() (close()) or abort() does not count towards
