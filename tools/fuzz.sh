@@ -4,7 +4,8 @@
 # pause/resume_reading, write buffer limits, write_eof, close, abort, resets;
 # for TLS also a hand-driven peer sending its records in random slices,
 # close_notify, a bare EOF) run on asyncio's loop and on zuvrs over TCP, Unix
-# sockets, pipes and TLS, their observations compared. Every transport gets
+# sockets, pipes, TLS and TCP upgraded by start_tls (TCP, Unix and start_tls
+# ends also as BufferedProtocols), their observations compared. Every transport gets
 # ZUVRS_FUZZ_EXAMPLES programs (default 2000; measured per program on both
 # loops together: TCP, Unix and pipes 0.15 s, TLS 0.2 s, TLS against the
 # hand-driven peer 0.7 s, so 2000 per transport is about 45 minutes on a

@@ -442,8 +442,11 @@ impl StreamCore {
         let view = WritableBuffer::get(&buf)?;
         let wants = view.len();
         let mut offset = 0;
-        let mut closed = false;
         let mut again = false;
+        // An empty buffer: sslproto reads into it all the same, and
+        // SSLObject.read(0) returns 0 at once, which it takes for
+        // close_notify (eof_received, then the TLS shutdown).
+        let mut closed = wants == 0;
         while offset < wants {
             let got = self.with_tls(py, |t| t.session().read_into(py, view.plaintext_from(offset)));
             match got {

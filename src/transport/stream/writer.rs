@@ -15,6 +15,7 @@ use std::rc::Rc;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
 use smallvec::SmallVec;
 
@@ -195,11 +196,31 @@ impl WriteQueue {
     }
 }
 
+/// Whether the running asyncio's socket `writelines()` counts a call to a
+/// lost connection towards the warning as `write()` does: up to 3.11 it is a
+/// `write()`; from 3.12 only where it checks `_conn_lost` itself (CPython
+/// gh-136234; 3.12.1 and 3.13.0 do not). Asked once, of its code.
+fn socket_writelines_counts(py: Python<'_>) -> bool {
+    static COUNTS: PyOnceLock<bool> = PyOnceLock::new();
+    *COUNTS.get_or_init(py, || {
+        let names = py
+            .import("asyncio.selector_events")
+            .and_then(|m| m.getattr("_SelectorSocketTransport"))
+            .and_then(|cls| cls.getattr("writelines"))
+            .and_then(|f| f.getattr("__code__"))
+            .and_then(|code| code.getattr("co_names"));
+        match names {
+            Ok(names) => names.contains("_conn_lost").unwrap_or(false),
+            Err(_) => false,
+        }
+    })
+}
+
 /// What `write()` decided with the state borrowed.
 enum WriteAction {
     Queue,
-    /// Dropped (a lost connection); log asyncio's warning when true.
-    Drop(bool),
+    /// Dropped (a lost connection): see drop_write.
+    Drop,
 }
 
 impl StreamCore {
@@ -226,58 +247,87 @@ impl StreamCore {
             }
             let pipe = st.kind == StreamKind::Pipe;
             if st.base.conn_lost > 0 || st.handle.is_none() || (pipe && st.base.closing) {
-                // Dropped, as asyncio drops writes to a lost connection (and,
-                // for pipes, to a closing one), warning after a few.
-                // (A pipe's end counts in asyncio only when a write failed:
-                // not after close(), write_eof(), abort() or its reader
-                // going away.)
-                let graceful = u32::from(pipe && st.base.conn_lost > 0 && !st.write_failed);
-                let warn = (st.base.conn_lost + st.dropped_writes).saturating_sub(graceful)
-                    >= LOG_THRESHOLD_FOR_CONNLOST_WRITES;
-                // conn_lost doubles as "connection_lost scheduled": count
-                // drops separately while that has not happened yet.
-                if st.base.conn_lost > 0 {
-                    st.base.conn_lost += 1;
-                } else {
-                    st.dropped_writes += 1;
-                }
-                return Ok(Some(WriteAction::Drop(warn)));
+                return Ok(Some(WriteAction::Drop));
             }
             Ok(Some(WriteAction::Queue))
         })?;
         match action {
-            None | Some(WriteAction::Drop(false)) => Ok(()),
-            Some(WriteAction::Drop(true)) => {
-                let message = if self.kind(py) == StreamKind::Pipe {
-                    "pipe closed by peer or os.write(pipe, data) raised exception."
-                } else {
-                    "socket.send() raised exception."
-                };
-                python::call_method(python::logger(py)?, pyo3::intern!(py, "warning"), (message,))?;
-                Ok(())
-            }
+            None => Ok(()),
+            Some(WriteAction::Drop) => self.drop_write(py),
             Some(WriteAction::Queue) => self.enqueue_raw(py, chunk, len),
         }
     }
 
+    /// A write dropped, as asyncio drops writes to a lost connection (and,
+    /// for pipes, to a closing one), warning after a few.
+    fn drop_write(&self, py: Python<'_>) -> PyResult<()> {
+        let warn = self.state.with(py, |st| {
+            // (A pipe's end counts in asyncio only when a write failed:
+            // not after close(), write_eof(), abort() or its reader
+            // going away.)
+            let pipe = st.kind == StreamKind::Pipe;
+            let graceful = u32::from(pipe && st.base.conn_lost > 0 && !st.write_failed);
+            let warn =
+                (st.base.conn_lost + st.dropped_writes).saturating_sub(graceful) >= LOG_THRESHOLD_FOR_CONNLOST_WRITES;
+            // conn_lost doubles as "connection_lost scheduled": count
+            // drops separately while that has not happened yet.
+            if st.base.conn_lost > 0 {
+                st.base.conn_lost += 1;
+            } else {
+                st.dropped_writes += 1;
+            }
+            warn
+        });
+        if !warn {
+            return Ok(());
+        }
+        let message = if self.kind(py) == StreamKind::Pipe {
+            "pipe closed by peer or os.write(pipe, data) raised exception."
+        } else {
+            "socket.send() raised exception."
+        };
+        python::call_method(python::logger(py)?, pyo3::intern!(py, "warning"), (message,))?;
+        Ok(())
+    }
+
     /// Writes every item, or nothing if one of them is not bytes-like.
     pub(super) fn write_lines(&self, py: Python<'_>, list_of_data: &Bound<'_, PyAny>) -> PyResult<()> {
+        // Up to 3.11 asyncio's writelines() is one write() of the items
+        // joined (pipes' on every version): to a lost connection that is one
+        // dropped write, counted once towards the warning.
+        let pipe = self.state.with(py, |st| st.kind == StreamKind::Pipe);
+        let joined = pipe || !cfg!(Py_3_12);
         if self.state.with(py, |st| st.eof) {
-            return Err(PyRuntimeError::new_err("Cannot call write() after write_eof()"));
+            return Err(PyRuntimeError::new_err(if joined {
+                "Cannot call write() after write_eof()"
+            } else {
+                "Cannot call writelines() after write_eof()"
+            }));
+        }
+        if !joined && self.state.with(py, |st| st.sendfile_in_progress) {
+            return Err(PyRuntimeError::new_err("unable to writelines; sendfile is in progress"));
         }
         let items: Vec<Bound<'_, PyAny>> = list_of_data.try_iter()?.collect::<PyResult<_>>()?;
         let mut total = 0;
         for item in &items {
             total += to_chunk(item)?.1;
         }
-        // Up to 3.11 asyncio's writelines() is one write() of the items
-        // joined (pipes' on every version): to a lost connection that is one
-        // dropped write, counted once towards the warning.
-        let joined = self.state.with(py, |st| st.kind == StreamKind::Pipe) || !cfg!(Py_3_12);
         if joined && total > 0 && self.dropping(py) {
             if let Some(item) = items.iter().find(|item| item.len().is_ok_and(|n| n > 0)) {
                 return self.write_data(py, item);
             }
+        }
+        // From 3.12 the socket transport has a writelines() of its own,
+        // which does not look at the lost connection: it neither counts
+        // towards the warning nor warns (it then fails from its internals,
+        // which zuvrs does not copy: the items are dropped). Where the
+        // running asyncio's writelines() checks it as write() does
+        // (CPython gh-136234), one call is one dropped write.
+        if !joined && !items.is_empty() && self.dropping(py) {
+            if !socket_writelines_counts(py) {
+                return Ok(());
+            }
+            return self.drop_write(py);
         }
         if self.dropping(py) || self.state.with(py, |st| st.sendfile_in_progress) {
             for item in &items {
