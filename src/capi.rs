@@ -394,3 +394,55 @@ pub(crate) mod net {
 }
 
 // ---- end of section: net ----
+
+// ---- section: handles and the calls of python.rs (handles, python) ----
+
+/// The Python calls of python.rs that pyo3 makes only at a cost: a method
+/// called without a bound method object, and one called with a keyword
+/// argument without a keyword dict.
+pub(crate) mod calls {
+    use pyo3::ffi;
+    use pyo3::prelude::*;
+    use pyo3::types::{PyString, PyTuple};
+    use smallvec::SmallVec;
+
+    /// `obj.name()`, looked up as a method (`PyObject_CallMethodNoArgs`).
+    #[inline]
+    pub(crate) fn call_method0<'py>(
+        obj: &Bound<'py, PyAny>,
+        name: &Bound<'py, PyString>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: GIL held (the tokens); both are live objects; the result is
+        // a new reference or NULL with an exception set.
+        unsafe { Bound::from_owned_ptr_or_err(obj.py(), ffi::PyObject_CallMethodNoArgs(obj.as_ptr(), name.as_ptr())) }
+    }
+
+    /// `obj.name(*args, **dict(zip(kwnames, kwvalues)))` as one vectorcall.
+    /// A TypeError if there are not as many keyword values as names.
+    pub(crate) fn call_method_kw<'py>(
+        obj: &Bound<'py, PyAny>,
+        name: &Bound<'py, PyString>,
+        args: &[&Bound<'py, PyAny>],
+        kwnames: &Bound<'py, PyTuple>,
+        kwvalues: &[&Bound<'py, PyAny>],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if kwnames.len() != kwvalues.len() {
+            return Err(pyo3::exceptions::PyTypeError::new_err("keyword names and values differ in number"));
+        }
+        let mut argv: SmallVec<[*mut ffi::PyObject; 6]> = SmallVec::with_capacity(1 + args.len() + kwvalues.len());
+        argv.push(obj.as_ptr());
+        argv.extend(args.iter().map(|a| a.as_ptr()));
+        argv.extend(kwvalues.iter().map(|a| a.as_ptr()));
+        // SAFETY: GIL held; every pointer is a live object borrowed for the
+        // call; the positional count (self and args) leaves exactly
+        // `kwnames.len()` values at the end, checked above.
+        unsafe {
+            Bound::from_owned_ptr_or_err(
+                obj.py(),
+                ffi::PyObject_VectorcallMethod(name.as_ptr(), argv.as_ptr(), args.len() + 1, kwnames.as_ptr()),
+            )
+        }
+    }
+}
+
+// ---- end of section: handles ----
