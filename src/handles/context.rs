@@ -223,8 +223,13 @@ impl ContextCache {
 /// Returns false if the call raised or the context could not be entered or
 /// left (the exception is left set).
 ///
-/// The vars slot is only read and written while `ctx` is entered, when the
-/// thread state holds a reference to it.
+/// The run holds a reference to `ctx` of its own from before the enter to
+/// after the exit. The callback may drop every other one (its handle's
+/// `get_context()` gives the handle a private copy, and a `call_soon` from
+/// it replaces the loop's snapshot), and CPython's `PyContext_Exit` must
+/// not drop the last one: it clears the context's `ctx_prev` (the context
+/// to go back to) while it still means to make it the current one, so the
+/// thread was left in a freed context.
 ///
 /// # Safety
 /// GIL held; `ctx` is a live context not currently entered.
@@ -232,11 +237,13 @@ impl ContextCache {
 pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shared: bool) -> bool {
     // SAFETY: the caller's contract: GIL held, `ctx` live and not entered;
     // `shared` is only set when the layout was verified (SHARING_SAFE held
-    // at capture time).
+    // at capture time). Our reference keeps `ctx` alive (see above).
     unsafe {
         let py = Python::assume_attached();
         let undo = shared && ffi::Py_REFCNT(ctx) > 1;
+        ffi::Py_INCREF(ctx);
         if ffi::PyContext_Enter(ctx) < 0 {
+            ffi::Py_DECREF(ctx);
             return false;
         }
         let slot = (ctx as *mut u8).add(VARS_OFFSET) as *mut *mut ffi::PyObject;
@@ -262,6 +269,7 @@ pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shar
         if undo {
             ffi::Py_DECREF(release);
         }
+        ffi::Py_DECREF(ctx);
         ok && exited
     }
 }
