@@ -394,3 +394,398 @@ pub(crate) mod net {
 }
 
 // ---- end of section: net ----
+
+// ---- section: handles and the calls of python.rs (handles, python) ----
+
+/// The Python calls of python.rs that pyo3 makes only at a cost: a method
+/// called without a bound method object, and one called with a keyword
+/// argument without a keyword dict.
+pub(crate) mod calls {
+    use pyo3::ffi;
+    use pyo3::prelude::*;
+    use pyo3::types::{PyString, PyTuple};
+    use smallvec::SmallVec;
+
+    /// `obj.name()`, looked up as a method (`PyObject_CallMethodNoArgs`).
+    #[inline]
+    pub(crate) fn call_method0<'py>(
+        obj: &Bound<'py, PyAny>,
+        name: &Bound<'py, PyString>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: GIL held (the tokens); both are live objects; the result is
+        // a new reference or NULL with an exception set.
+        unsafe { Bound::from_owned_ptr_or_err(obj.py(), ffi::PyObject_CallMethodNoArgs(obj.as_ptr(), name.as_ptr())) }
+    }
+
+    /// `obj.name(*args, **dict(zip(kwnames, kwvalues)))` as one vectorcall.
+    /// A TypeError if there are not as many keyword values as names.
+    pub(crate) fn call_method_kw<'py>(
+        obj: &Bound<'py, PyAny>,
+        name: &Bound<'py, PyString>,
+        args: &[&Bound<'py, PyAny>],
+        kwnames: &Bound<'py, PyTuple>,
+        kwvalues: &[&Bound<'py, PyAny>],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if kwnames.len() != kwvalues.len() {
+            return Err(pyo3::exceptions::PyTypeError::new_err("keyword names and values differ in number"));
+        }
+        let mut argv: SmallVec<[*mut ffi::PyObject; 6]> = SmallVec::with_capacity(1 + args.len() + kwvalues.len());
+        argv.push(obj.as_ptr());
+        argv.extend(args.iter().map(|a| a.as_ptr()));
+        argv.extend(kwvalues.iter().map(|a| a.as_ptr()));
+        // SAFETY: GIL held; every pointer is a live object borrowed for the
+        // call; the positional count (self and args) leaves exactly
+        // `kwnames.len()` values at the end, checked above.
+        unsafe {
+            Bound::from_owned_ptr_or_err(
+                obj.py(),
+                ffi::PyObject_VectorcallMethod(name.as_ptr(), argv.as_ptr(), args.len() + 1, kwnames.as_ptr()),
+            )
+        }
+    }
+}
+
+/// What handles (src/handles) hold and call: owned references released
+/// with a plain decref (a handle's value is dropped by its pool's
+/// `tp_dealloc`, outside pyo3's trampolines, where dropping a `Py<T>` would
+/// ask pyo3 whether the thread is attached, and could only queue the
+/// decref), a callback's function and arguments in one word, and the
+/// handle's release by the loop.
+///
+/// These types are only made with the GIL held and are not `Send`, so they
+/// are dropped on the thread that holds them: in a handle's `tp_dealloc`,
+/// or under the GIL that a `NativeCell::with` closure they were taken out of
+/// proves.
+pub(crate) mod handles {
+    use std::marker::PhantomData;
+    use std::mem::ManuallyDrop;
+    use std::ptr;
+
+    use pyo3::ffi;
+    use pyo3::prelude::*;
+    use smallvec::SmallVec;
+
+    use crate::handles::{HandleState, Ready};
+
+    /// A strong reference released with a plain `Py_DECREF` (see the module
+    /// docs); otherwise a `Py<PyAny>` (deref).
+    #[repr(transparent)]
+    pub(crate) struct ObjRef(ManuallyDrop<Py<PyAny>>, PhantomData<*mut ()>);
+
+    impl ObjRef {
+        /// Takes over a reference.
+        #[inline(always)]
+        pub(crate) fn new(obj: Py<PyAny>) -> ObjRef {
+            ObjRef(ManuallyDrop::new(obj), PhantomData)
+        }
+
+        /// Takes over the reference `ptr` owns.
+        ///
+        /// # Safety
+        /// GIL held; `ptr` is a live object whose reference is the caller's to give.
+        #[inline(always)]
+        pub(crate) unsafe fn from_owned_ptr(ptr: *mut ffi::PyObject) -> ObjRef {
+            // SAFETY: per the contract: a live object, so not null; Py<PyAny>
+            // is a transparent non-null pointer (no check, as on the hot path).
+            ObjRef::new(unsafe {
+                std::mem::transmute::<ptr::NonNull<ffi::PyObject>, Py<PyAny>>(ptr::NonNull::new_unchecked(ptr))
+            })
+        }
+
+        /// A new reference to the object, for Python code.
+        #[inline]
+        pub(crate) fn to_object(&self, py: Python<'_>) -> Py<PyAny> {
+            self.0.clone_ref(py)
+        }
+    }
+
+    impl std::ops::Deref for ObjRef {
+        type Target = Py<PyAny>;
+
+        #[inline(always)]
+        fn deref(&self) -> &Py<PyAny> {
+            &self.0
+        }
+    }
+
+    impl Drop for ObjRef {
+        #[inline(always)]
+        fn drop(&mut self) {
+            // SAFETY: the reference is ours; GIL held (see the module docs).
+            unsafe { ffi::Py_DECREF(self.0.as_ptr()) }
+        }
+    }
+
+    /// Two or more arguments.
+    type ArgList = SmallVec<[*mut ffi::PyObject; 4]>;
+
+    /// Set on `Args` words that point at an `ArgList` (object and box
+    /// pointers are at least 8-byte aligned, so bit 0 is free).
+    const HEAP_ARGS: usize = 1;
+
+    /// Owned positional arguments of a callback in one word, so that a
+    /// handle fits CPython's 64-byte allocation class (one cache line,
+    /// which matters when a handle made by one thread is run by another):
+    /// no argument, the single argument inline (the common cases: task
+    /// steps and future callbacks), or a tagged pointer to a heap list for
+    /// two or more.
+    struct Args(usize, PhantomData<*mut ()>);
+
+    impl Args {
+        /// Takes new references to the `nargs` objects at `args`.
+        ///
+        /// # Safety
+        /// GIL held; `args` points at `nargs` live object pointers.
+        #[inline(always)]
+        unsafe fn new(args: *const *mut ffi::PyObject, nargs: usize) -> Args {
+            // SAFETY: the caller's contract.
+            unsafe {
+                for i in 0..nargs {
+                    ffi::Py_INCREF(*args.add(i));
+                }
+                let word = match nargs {
+                    0 => 0,
+                    1 => *args as usize,
+                    _ => {
+                        let list: Box<ArgList> =
+                            Box::new(std::slice::from_raw_parts(args, nargs).iter().copied().collect());
+                        Box::into_raw(list) as usize | HEAP_ARGS
+                    }
+                };
+                Args(word, PhantomData)
+            }
+        }
+
+        /// The arguments (`Py<PyAny>` has the layout of an object pointer).
+        #[inline(always)]
+        fn as_slice(&self) -> &[Py<PyAny>] {
+            let raw: &[*mut ffi::PyObject] = if self.0 == 0 {
+                &[]
+            } else if self.0 & HEAP_ARGS == 0 {
+                // SAFETY: the word is the one argument's pointer.
+                std::slice::from_ref(unsafe { &*(&self.0 as *const usize as *const *mut ffi::PyObject) })
+            } else {
+                // SAFETY: a tagged pointer from Box::into_raw, owned by self.
+                unsafe { (*((self.0 & !HEAP_ARGS) as *const ArgList)).as_slice() }
+            };
+            // SAFETY: Py<PyAny> is a transparent non-null object pointer, and
+            // every pointer here is a live reference owned by self.
+            unsafe { std::slice::from_raw_parts(raw.as_ptr() as *const Py<PyAny>, raw.len()) }
+        }
+    }
+
+    impl Drop for Args {
+        #[inline(always)]
+        fn drop(&mut self) {
+            for a in self.as_slice() {
+                // SAFETY: our references; GIL held (see the module docs).
+                unsafe { ffi::Py_DECREF(a.as_ptr()) }
+            }
+            if self.0 & HEAP_ARGS != 0 {
+                // SAFETY: made by Box::into_raw in `new`; dropped once.
+                drop(unsafe { Box::from_raw((self.0 & !HEAP_ARGS) as *mut ArgList) });
+            }
+        }
+    }
+
+    /// The owned references of a pending call: the function and its
+    /// positional arguments (see handles/callback.rs for the rest).
+    pub(crate) struct Callback {
+        func: ObjRef,
+        args: Args,
+    }
+
+    impl Callback {
+        /// Takes new references to `func` and the `nargs` objects at `args`.
+        ///
+        /// # Safety
+        /// GIL held; `func` is a live object and `args` points at `nargs` live objects.
+        #[inline(always)]
+        pub(crate) unsafe fn new(func: *mut ffi::PyObject, args: *const *mut ffi::PyObject, nargs: usize) -> Callback {
+            // SAFETY: the caller's contract.
+            unsafe {
+                let args = Args::new(args, nargs);
+                ffi::Py_INCREF(func);
+                Callback { func: ObjRef::from_owned_ptr(func), args }
+            }
+        }
+
+        /// A second owner of the same references (for handles that run many times).
+        #[inline]
+        pub(crate) fn clone_refs(&self) -> Callback {
+            let args = self.args.as_slice();
+            // SAFETY: GIL held (callbacks live under it, see the module
+            // docs); the references are live ones of this callback.
+            unsafe {
+                ffi::Py_INCREF(self.func.as_ptr());
+                Callback {
+                    func: ObjRef::from_owned_ptr(self.func.as_ptr()),
+                    args: Args::new(args.as_ptr() as *const *mut ffi::PyObject, args.len()),
+                }
+            }
+        }
+
+        /// The function (borrowed).
+        #[inline]
+        pub(crate) fn func(&self) -> *mut ffi::PyObject {
+            self.func.as_ptr()
+        }
+
+        /// The function.
+        #[inline]
+        pub(crate) fn function(&self) -> &Py<PyAny> {
+            &self.func
+        }
+
+        /// The positional arguments.
+        #[inline]
+        pub(crate) fn args(&self) -> &[Py<PyAny>] {
+            self.args.as_slice()
+        }
+
+        /// Calls the function in the current context. Returns false if it
+        /// raised (the exception is left set).
+        #[inline(always)]
+        pub(crate) fn call(&self, _py: Python<'_>) -> bool {
+            crate::cell::check_crossing();
+            let args = self.args.as_slice();
+            // SAFETY: GIL held (the token); the function and the arguments
+            // are live references of this callback, `args.len()` of them.
+            unsafe {
+                let res = ffi::PyObject_Vectorcall(
+                    self.func.as_ptr(),
+                    args.as_ptr() as *const *mut ffi::PyObject,
+                    args.len(),
+                    ptr::null_mut(),
+                );
+                if res.is_null() {
+                    return false;
+                }
+                ffi::Py_DECREF(res);
+                true
+            }
+        }
+
+        /// Calls `context.run(function, *args)`, asyncio's way with a
+        /// context that is not a `contextvars.Context`. Returns false if it
+        /// raised (the exception is left set).
+        ///
+        /// # Safety
+        /// GIL held; `context` is a live object.
+        pub(crate) unsafe fn call_through(&self, context: *mut ffi::PyObject) -> bool {
+            // SAFETY: the caller's contract.
+            let (py, context) = unsafe {
+                let py = Python::assume_attached();
+                (py, pyo3::Borrowed::from_ptr(py, context))
+            };
+            crate::cell::check_crossing();
+            let run = match context.getattr(pyo3::intern!(py, "run")) {
+                Ok(run) => run,
+                Err(err) => {
+                    err.restore(py);
+                    return false;
+                }
+            };
+            let args = self.args.as_slice();
+            let mut all: SmallVec<[*mut ffi::PyObject; 5]> = SmallVec::with_capacity(args.len() + 1);
+            all.push(self.func.as_ptr());
+            all.extend(args.iter().map(|a| a.as_ptr()));
+            // SAFETY: GIL held; `run` and every pointer in `all` are live for the call.
+            let res = unsafe { ffi::PyObject_Vectorcall(run.as_ptr(), all.as_ptr(), all.len(), ptr::null_mut()) };
+            if res.is_null() {
+                return false;
+            }
+            // SAFETY: a new reference, ours.
+            unsafe { ffi::Py_DECREF(res) };
+            true
+        }
+    }
+
+    /// `int(x)` of a float, as CPython converts it (an error for nan and
+    /// infinities).
+    pub(crate) fn int_of_float(py: Python<'_>, x: f64) -> PyResult<Py<PyAny>> {
+        // SAFETY: GIL held (the token); a new reference or NULL with the error set.
+        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyLong_FromDouble(x)) }.map(Bound::unbind)
+    }
+
+    /// Lets go of a handle the loop no longer queues. Queued handles are
+    /// not tracked by the GC (the loop reports their references); one that
+    /// somebody else still holds is tracked from now on, so a cycle through
+    /// its context can still be collected.
+    ///
+    /// Every caller holds the GIL (the loop's own code; debug builds check
+    /// it); it takes no token because the loop's timer heap releases its
+    /// handles through a trait that has none (a plain decref: Py's drop
+    /// would first ask pyo3 whether the thread is attached, on every
+    /// callback).
+    #[inline]
+    pub(crate) fn let_go<T>(handle: Py<T>) {
+        let p = handle.into_ptr();
+        // SAFETY: GIL held (see above); the object is a live pyo3 instance
+        // of a GC class and this was our reference.
+        unsafe {
+            debug_assert!(ffi::PyGILState_Check() == 1, "let_go without the GIL");
+            if ffi::Py_REFCNT(p) > 1 && ffi::PyObject_GC_IsTracked(p) == 0 {
+                ffi::PyObject_GC_Track(p as *mut _);
+            }
+            ffi::Py_DECREF(p);
+        }
+    }
+
+    impl Ready {
+        /// The handle's state for the cyclic GC (see `NativeCell::peek`).
+        ///
+        /// # Safety
+        /// GIL held; `f` only reads.
+        #[inline]
+        pub(crate) unsafe fn peek_state<R>(&self, f: impl FnOnce(&HandleState) -> R) -> R {
+            use crate::handles::HasState;
+            // SAFETY: per the contract.
+            unsafe {
+                match self {
+                    Ready::Soon(h) => h.get().state_cell().peek(f),
+                    Ready::Timer(h) => h.get().state_cell().peek(f),
+                }
+            }
+        }
+    }
+
+    /// Source tracebacks of debug-mode handles, by the address of their
+    /// state: kept out of the handle so that a handle stays within 64 bytes.
+    /// Debug mode only, so the GIL is asked for rather than assumed.
+    pub(crate) mod tracebacks {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, MutexGuard, OnceLock};
+
+        use pyo3::prelude::*;
+
+        fn table() -> MutexGuard<'static, HashMap<usize, Py<PyAny>>> {
+            static TABLE: OnceLock<Mutex<HashMap<usize, Py<PyAny>>>> = OnceLock::new();
+            TABLE.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+
+        /// Records `tb` for `key`; the one it replaces is dropped after the
+        /// table is unlocked.
+        pub(crate) fn record(_py: Python<'_>, key: usize, tb: Py<PyAny>) {
+            let old = table().insert(key, tb);
+            drop(old);
+        }
+
+        /// The traceback recorded for `key`.
+        pub(crate) fn get(py: Python<'_>, key: usize) -> Option<Py<PyAny>> {
+            table().get(&key).map(|tb| tb.clone_ref(py))
+        }
+
+        /// Forgets the traceback of `key` (a handle's state being dropped).
+        pub(crate) fn forget(key: usize) {
+            let tb = table().remove(&key);
+            if let Some(tb) = tb {
+                // Attached already (a handle dies under the GIL): this only
+                // makes the decref immediate rather than queued by pyo3.
+                Python::attach(|_py| drop(tb));
+            }
+        }
+    }
+}
+
+// ---- end of section: handles ----

@@ -110,10 +110,7 @@ pub(crate) fn call_method<'py, A: PyCallArgs<'py>>(
 #[inline]
 pub(crate) fn call_method0<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
     cell::check_crossing();
-    let py = obj.py();
-    // SAFETY: GIL held (the tokens); both are live objects; the result is a
-    // new reference or NULL with an exception set.
-    unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyObject_CallMethodNoArgs(obj.as_ptr(), name.as_ptr())) }
+    crate::capi::calls::call_method0(obj, name)
 }
 
 /// `obj.name(*args, context=context)`, as a vectorcall (asyncio's
@@ -129,18 +126,7 @@ pub(crate) fn call_method_in_context<'py>(
     static CONTEXT: pyo3::sync::PyOnceLock<Py<pyo3::types::PyTuple>> = pyo3::sync::PyOnceLock::new();
     let kwnames =
         CONTEXT.get_or_try_init(py, || pyo3::types::PyTuple::new(py, [event_loop::context(py)]).map(Bound::unbind))?;
-    let mut argv: smallvec::SmallVec<[*mut pyo3::ffi::PyObject; 6]> = smallvec::SmallVec::new();
-    argv.push(obj.as_ptr());
-    argv.extend(args.iter().map(|a| a.as_ptr()));
-    argv.push(context.as_ptr());
-    // SAFETY: GIL held; every pointer is a live object borrowed for the
-    // call; the positional count excludes the keyword value at the end.
-    unsafe {
-        Bound::from_owned_ptr_or_err(
-            py,
-            pyo3::ffi::PyObject_VectorcallMethod(name.as_ptr(), argv.as_ptr(), args.len() + 1, kwnames.as_ptr()),
-        )
-    }
+    crate::capi::calls::call_method_kw(obj, name, args, kwnames.bind(py), &[context])
 }
 
 /// `func(*args)`.

@@ -31,6 +31,10 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use pyo3::ffi;
+use pyo3::prelude::*;
+
+use super::{Callback, HandleState};
+use crate::capi::handles::ObjRef;
 
 static SHARING_SAFE: AtomicBool = AtomicBool::new(false);
 
@@ -214,37 +218,101 @@ impl ContextCache {
     }
 }
 
-/// Runs `call` inside `ctx`; when other handles share the snapshot, any
+/// Runs `cb` inside `ctx`; when other handles share the snapshot, any
 /// variable the call sets is undone afterwards (see the module docs).
+/// Returns false if the call raised or the context could not be entered or
+/// left (the exception is left set).
+///
+/// The run holds a reference to `ctx` of its own from before the enter to
+/// after the exit. The callback may drop every other one (its handle's
+/// `get_context()` gives the handle a private copy, and a `call_soon` from
+/// it replaces the loop's snapshot), and CPython's `PyContext_Exit` must
+/// not drop the last one: it clears the context's `ctx_prev` (the context
+/// to go back to) while it still means to make it the current one, so the
+/// thread was left in a freed context.
 ///
 /// # Safety
 /// GIL held; `ctx` is a live context not currently entered.
 #[inline(always)]
-pub(crate) unsafe fn run_in(
-    ctx: *mut ffi::PyObject,
-    shared: bool,
-    call: impl FnOnce(*mut ffi::PyObject) -> bool,
-) -> bool {
-    // SAFETY: the caller's contract: GIL held, `ctx` live and not entered; `shared` only set when the layout was verified.
+pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shared: bool) -> bool {
+    // SAFETY: the caller's contract: GIL held, `ctx` live and not entered;
+    // `shared` is only set when the layout was verified (SHARING_SAFE held
+    // at capture time). Our reference keeps `ctx` alive (see above).
     unsafe {
-        if !shared || ffi::Py_REFCNT(ctx) == 1 {
-            return call(ctx);
+        let py = Python::assume_attached();
+        let undo = shared && ffi::Py_REFCNT(ctx) > 1;
+        ffi::Py_INCREF(ctx);
+        if ffi::PyContext_Enter(ctx) < 0 {
+            ffi::Py_DECREF(ctx);
+            return false;
         }
-        // `shared` is only ever set when SHARING_SAFE held at capture time.
         let slot = (ctx as *mut u8).add(VARS_OFFSET) as *mut *mut ffi::PyObject;
-        let before = *slot;
-        ffi::Py_INCREF(before);
-        let ok = call(ctx);
-        let after = *slot;
-        if after != before {
-            // The callback set a variable: give the snapshot its mapping back
-            // (our reference moves into the slot) and drop the changed one.
-            *slot = before;
-            ffi::Py_DECREF(after);
-        } else {
-            ffi::Py_DECREF(before);
+        let before = if undo { *slot } else { ptr::null_mut() };
+        if undo {
+            ffi::Py_INCREF(before);
         }
-        ok
+        let ok = cb.call(py);
+        // The reference to drop once the context is left: ours to the
+        // mapping from before, or, if the callback set a variable, the
+        // changed mapping, whose place ours takes (no Python code runs
+        // between this and the exit, which moves the thread's context version
+        // on, so ContextVar's lookup cache never sees the swap).
+        let mut release = before;
+        if undo {
+            let after = *slot;
+            if after != before {
+                *slot = before;
+                release = after;
+            }
+        }
+        let exited = ffi::PyContext_Exit(ctx) == 0;
+        if undo {
+            ffi::Py_DECREF(release);
+        }
+        ffi::Py_DECREF(ctx);
+        ok && exited
+    }
+}
+
+/// Replaces `ctx` by a private copy if anything else holds it (a shared
+/// snapshot); true if it did. An object that is not a context stays (its
+/// copy fails, and the error is cleared).
+pub(crate) fn copy_if_shared(py: Python<'_>, ctx: &mut ObjRef) -> bool {
+    if crate::capi::refcount(ctx) <= 1 {
+        return false;
+    }
+    // SAFETY: GIL held (the token); a new reference or NULL with an error set.
+    match unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyContext_Copy(ctx.as_ptr())) } {
+        Ok(copy) => {
+            *ctx = ObjRef::new(copy.unbind());
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+impl HandleState {
+    /// A state taking over the reference to `context`.
+    ///
+    /// # Safety
+    /// GIL held; `context` is a live `contextvars.Context` whose reference
+    /// is the caller's to give; `shared_context` only as `capture` says.
+    #[inline(always)]
+    pub(crate) unsafe fn new(cb: Callback, context: *mut ffi::PyObject, shared_context: bool, repeat: bool) -> Self {
+        // SAFETY: per the contract.
+        let context = unsafe { ObjRef::from_owned_ptr(context) };
+        HandleState::from_parts(cb, context, shared_context, repeat, false)
+    }
+
+    /// A state whose `context` is any object: as asyncio, the handle keeps
+    /// it and calls its `run()` when the callback is due.
+    ///
+    /// # Safety
+    /// As for `new`, `context` being any live object.
+    pub(crate) unsafe fn with_foreign_context(cb: Callback, context: *mut ffi::PyObject) -> Self {
+        // SAFETY: per the contract.
+        let context = unsafe { ObjRef::from_owned_ptr(context) };
+        HandleState::from_parts(cb, context, false, false, true)
     }
 }
 

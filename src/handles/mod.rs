@@ -21,45 +21,19 @@ mod state;
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::exceptions::PyTypeError;
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
+pub(crate) use crate::capi::handles::let_go;
 use crate::cell::NativeCell;
 use crate::python;
 pub(crate) use callback::Callback;
-use pool::{HandlePool, HANDLE_POOL_CAP, TIMER_HANDLE_POOL_CAP};
+pub(crate) use context::run_in_context;
+use pool::{HandlePool, Pooled, HANDLE_POOL_CAP, TIMER_HANDLE_POOL_CAP};
 pub(crate) use state::HandleState;
-
-/// Runs `cb` in the handle's context (see context.rs for shared snapshots).
-///
-/// # Safety
-/// GIL held; `ctx` stays alive for the call (the caller holds the handle).
-#[inline(always)]
-pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shared: bool) -> bool {
-    // SAFETY: per the contract.
-    unsafe { context::run_in(ctx, shared, |c| cb.call_in(c)) }
-}
-
-/// Lets go of a handle the loop no longer queues. Queued handles are not
-/// tracked by the GC (the loop reports their references); one that somebody
-/// else still holds is tracked from now on, so a cycle through its context
-/// can still be collected.
-#[inline]
-pub(crate) fn let_go<T>(handle: Py<T>) {
-    let p = handle.into_ptr();
-    // SAFETY: GIL held by every caller; the object is a live pyo3 instance
-    // and this was our reference (a plain decref: Py's drop would first ask
-    // pyo3 whether the thread is attached, on every callback).
-    unsafe {
-        if ffi::Py_REFCNT(p) > 1 && ffi::PyObject_GC_IsTracked(p) == 0 {
-            ffi::PyObject_GC_Track(p as *mut _);
-        }
-        ffi::Py_DECREF(p);
-    }
-}
 
 /// The state of a handle of either class.
 pub(crate) trait HasState {
@@ -73,7 +47,7 @@ pub(crate) trait HasState {
 
     /// Records where the handle was created (debug mode).
     fn set_source_traceback(&self, py: Python<'_>, tb: Py<PyAny>) {
-        self.with_state(py, |c| c.set_source_traceback(tb))
+        self.with_state(py, |c| c.set_source_traceback(py, tb))
     }
 }
 
@@ -91,8 +65,7 @@ fn repr_of(py: Python<'_>, kind: &str, when: Option<Py<PyAny>>, cell: &NativeCel
     }
     if let Some(cb) = &callback {
         let helpers = python::format_helpers(py)?;
-        // SAFETY: the callback holds a reference to its function.
-        let func = unsafe { Bound::from_borrowed_ptr(py, cb.func()) };
+        let func = cb.function().bind(py);
         // 3.13+ shows the arguments only in debug mode (gh-112997). asyncio
         // asks the handle's loop; a zuvrs handle has no loop reference, but
         // it records a source traceback exactly when created in debug mode.
@@ -122,22 +95,24 @@ fn repr_of(py: Python<'_>, kind: &str, when: Option<Py<PyAny>>, cell: &NativeCel
 
 /// The handle's context for Python code (a private copy when shared).
 fn context_of(py: Python<'_>, cell: &NativeCell<HandleState>) -> Py<PyAny> {
-    let ctx = cell.with(py, |c| c.private_context());
-    // SAFETY: the handle holds a reference to its context.
-    unsafe { Bound::from_borrowed_ptr(py, ctx).unbind() }
+    cell.with(py, |c| c.private_context(py))
 }
 
-static HANDLE_POOL: HandlePool = HandlePool::new(dealloc_handle, HANDLE_POOL_CAP);
-static TIMER_HANDLE_POOL: HandlePool = HandlePool::new(dealloc_timer_handle, TIMER_HANDLE_POOL_CAP);
+static HANDLE_POOL: HandlePool<Handle> = HandlePool::new(HANDLE_POOL_CAP);
+static TIMER_HANDLE_POOL: HandlePool<TimerHandle> = HandlePool::new(TIMER_HANDLE_POOL_CAP);
 
-unsafe extern "C" fn dealloc_handle(obj: *mut ffi::PyObject) {
-    // SAFETY: installed as Handle's tp_dealloc; CPython calls it with the GIL.
-    unsafe { HANDLE_POOL.dealloc::<Handle>(obj) }
+impl Pooled for Handle {
+    #[inline(always)]
+    fn pool() -> &'static HandlePool<Handle> {
+        &HANDLE_POOL
+    }
 }
 
-unsafe extern "C" fn dealloc_timer_handle(obj: *mut ffi::PyObject) {
-    // SAFETY: installed as TimerHandle's tp_dealloc, as above.
-    unsafe { TIMER_HANDLE_POOL.dealloc::<TimerHandle>(obj) }
+impl Pooled for TimerHandle {
+    #[inline(always)]
+    fn pool() -> &'static HandlePool<TimerHandle> {
+        &TIMER_HANDLE_POOL
+    }
 }
 
 /// A callback scheduled with `call_soon`, or a reader/writer/signal callback.
@@ -190,8 +165,7 @@ impl Handle {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        // SAFETY: the GC holds the GIL; visiting only reads.
-        unsafe { self.state.peek(|c| c.visit(&visit)) }
+        self.state.traverse(&visit, |c| c.visit(&visit))
     }
 
     /// Where the handle was created, in debug mode (else None).
@@ -213,13 +187,6 @@ pub(crate) struct TimerBook {
     pub(crate) cancelled_total: Cell<u64>,
 }
 
-/// `Rc<TimerBook>` that may sit in a pyclass.
-pub(crate) struct SharedBook(pub(crate) Rc<TimerBook>);
-// SAFETY: only touched with the GIL held.
-unsafe impl Send for SharedBook {}
-// SAFETY: as above.
-unsafe impl Sync for SharedBook {}
-
 /// A callback scheduled with `call_later` / `call_at`.
 /// Made through `TIMER_HANDLE_POOL`.
 #[pyclass(module = "zuvrs", name = "TimerHandle", frozen, weakref)]
@@ -229,14 +196,14 @@ pub struct TimerHandle {
     /// call_at was given an int: when() gives one back (asyncio keeps the
     /// object it was given; aiohttp's timeouts pass whole seconds).
     when_is_int: bool,
-    /// True while the handle sits in the loop's timer heap.
-    scheduled: Cell<bool>,
-    book: SharedBook,
+    /// True while the handle sits in the loop's timer heap. (Only touched
+    /// with the GIL held; an atomic, relaxed, costs a plain load and store
+    /// and keeps the class `Sync` without a promise.)
+    scheduled: AtomicBool,
+    /// The loop's book, shared with its timer heap (an `Rc`, so only
+    /// touched through the cell, with the GIL).
+    book: NativeCell<Rc<TimerBook>>,
 }
-
-// SAFETY: `scheduled` (the one field outside a NativeCell that changes) is
-// only touched with the GIL held.
-unsafe impl Sync for TimerHandle {}
 
 impl HasState for TimerHandle {
     #[inline]
@@ -260,8 +227,8 @@ impl TimerHandle {
                 state: NativeCell::new(state),
                 when,
                 when_is_int,
-                scheduled: Cell::new(true),
-                book: SharedBook(book.clone()),
+                scheduled: AtomicBool::new(true),
+                book: NativeCell::new(book.clone()),
             },
         )
     }
@@ -274,9 +241,7 @@ impl TimerHandle {
     /// The deadline as a float, or as an int when call_at was given one.
     fn when_object(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         if self.when_is_int {
-            // SAFETY: GIL held; a new reference or null with the error set.
-            return unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyLong_FromDouble(self.when)) }
-                .map(Bound::unbind);
+            return crate::capi::handles::int_of_float(py, self.when);
         }
         Ok(pyo3::types::PyFloat::new(py, self.when).into_any().unbind())
     }
@@ -284,18 +249,22 @@ impl TimerHandle {
     /// Called by the heap when the handle leaves it.
     #[inline]
     pub(crate) fn unschedule(&self) {
-        self.scheduled.set(false);
+        self.scheduled.store(false, Ordering::Relaxed);
     }
 
     pub(crate) fn cancel_now(&self, py: Python<'_>) {
         let dropped = self.state.with(py, |c| {
-            if !c.cancelled && self.scheduled.get() {
-                let n = &self.book.0.cancelled_in_heap;
-                n.set(n.get() + 1);
-            }
-            if !c.cancelled && c.callback.is_some() {
-                let n = &self.book.0.cancelled_total;
-                n.set(n.get() + 1);
+            if !c.cancelled {
+                let heap = self.scheduled.load(Ordering::Relaxed);
+                let pending = c.callback.is_some();
+                self.book.with(py, |book| {
+                    if heap {
+                        book.cancelled_in_heap.set(book.cancelled_in_heap.get() + 1);
+                    }
+                    if pending {
+                        book.cancelled_total.set(book.cancelled_total.get() + 1);
+                    }
+                });
             }
             c.cancel()
         });
@@ -342,8 +311,7 @@ impl TimerHandle {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        // SAFETY: the GC holds the GIL; visiting only reads.
-        unsafe { self.state.peek(|c| c.visit(&visit)) }
+        self.state.traverse(&visit, |c| c.visit(&visit))
     }
 
     /// Where the handle was created, in debug mode (else None).
@@ -396,23 +364,8 @@ impl Ready {
         }
     }
 
-    /// The handle's state for the cyclic GC (see `NativeCell::peek`).
-    ///
-    /// # Safety
-    /// GIL held; `f` only reads.
     #[inline]
-    pub(crate) unsafe fn peek_state<R>(&self, f: impl FnOnce(&HandleState) -> R) -> R {
-        // SAFETY: per the contract.
-        unsafe {
-            match self {
-                Ready::Soon(h) => h.get().state_cell().peek(f),
-                Ready::Timer(h) => h.get().state_cell().peek(f),
-            }
-        }
-    }
-
-    #[inline]
-    pub(crate) fn as_ptr(&self) -> *mut ffi::PyObject {
+    pub(crate) fn as_ptr(&self) -> *mut pyo3::ffi::PyObject {
         match self {
             Ready::Soon(h) => h.as_ptr(),
             Ready::Timer(h) => h.as_ptr(),

@@ -7,6 +7,7 @@
 //! handle.
 
 use std::cell::{Cell, UnsafeCell};
+use std::marker::PhantomData;
 use std::ptr;
 
 use pyo3::ffi;
@@ -26,15 +27,14 @@ fn untrack<T>(obj: &Bound<'_, T>) {
 /// `tp_dealloc` is `dealloc`, which puts objects here; `create` takes them
 /// back and writes the new contents in place. Until then (or for another
 /// layout) pyo3 makes and frees the objects and nothing is pooled.
-/// GIL-protected: only touched from `dealloc` and `create`.
-pub(super) struct HandlePool {
+/// GIL-protected: only touched from `dealloc` and `create`. One pool per
+/// class (`Pooled::pool`), so an object can only go back to its own.
+pub(super) struct HandlePool<T> {
     free: UnsafeCell<Vec<*mut ffi::PyObject>>,
     /// Where the Rust value starts in the object: 0 until the first object
     /// made by pyo3 shows it, `usize::MAX` if the layout is not the plain
     /// one this relies on.
     offset: Cell<usize>,
-    /// The class's `tp_dealloc` once the layout is known (see `dealloc`).
-    dealloc: unsafe extern "C" fn(*mut ffi::PyObject),
     /// Whether fresh objects are allocated here rather than by
     /// `PyObject_GC_New` (see `alloc_fresh`): set with `offset` when CPython
     /// is seen to put exactly a `PyGC_Head` before a GC object.
@@ -44,10 +44,27 @@ pub(super) struct HandlePool {
     weaklist: Cell<usize>,
     /// At most this many freed objects are kept.
     cap: usize,
+    class: PhantomData<fn() -> T>,
 }
 
 // SAFETY: accessed with the GIL held only (the module declares gil_used).
-unsafe impl Sync for HandlePool {}
+unsafe impl<T> Sync for HandlePool<T> {}
+
+/// A pyclass whose objects come from a `HandlePool`: frozen (no borrow
+/// flag to initialise) and shareable, as pyo3 requires of frozen classes.
+pub(super) trait Pooled:
+    PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync + Into<pyo3::PyClassInitializer<Self>>
+{
+    /// The class's pool (a static).
+    fn pool() -> &'static HandlePool<Self>;
+}
+
+/// The class's `tp_dealloc` once its layout is known (see `dealloc`).
+unsafe extern "C" fn dealloc_pooled<T: Pooled>(obj: *mut ffi::PyObject) {
+    // SAFETY: installed as T's tp_dealloc only (learn_layout); CPython calls
+    // it with the GIL held, on an object of T whose refcount reached zero.
+    unsafe { T::pool().dealloc(obj) }
+}
 
 /// Freed `Handle`s kept (2 MiB at most): a thread feeding
 /// `call_soon_threadsafe` queues tens of thousands between two GIL
@@ -56,31 +73,28 @@ pub(super) const HANDLE_POOL_CAP: usize = 32768;
 /// Freed `TimerHandle`s kept (768 KiB at most).
 pub(super) const TIMER_HANDLE_POOL_CAP: usize = 8192;
 
-impl HandlePool {
-    pub(super) const fn new(dealloc: unsafe extern "C" fn(*mut ffi::PyObject), cap: usize) -> Self {
+impl<T: Pooled> HandlePool<T> {
+    pub(super) const fn new(cap: usize) -> Self {
         HandlePool {
             free: UnsafeCell::new(Vec::new()),
             offset: Cell::new(0),
-            dealloc,
             own_alloc: Cell::new(false),
             weaklist: Cell::new(0),
             cap,
+            class: PhantomData,
         }
     }
 
     /// A new, untracked object of `T` holding `value`; pyo3 makes it
     /// (`Bound::new`) until the layout is known.
     #[inline(always)]
-    pub(super) fn create<'py, T>(&self, py: Python<'py>, value: T) -> PyResult<Bound<'py, T>>
-    where
-        T: PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync + Into<pyo3::PyClassInitializer<T>>,
-    {
+    pub(super) fn create<'py>(&self, py: Python<'py>, value: T) -> PyResult<Bound<'py, T>> {
         let offset = self.offset.get();
         if offset == 0 || offset == usize::MAX {
             let obj = Bound::new(py, value)?;
             untrack(&obj);
             if offset == 0 {
-                self.learn_layout::<T>(&obj);
+                self.learn_layout(&obj);
             }
             return Ok(obj);
         }
@@ -160,7 +174,7 @@ impl HandlePool {
     /// object header, the value and, right after it, the weak reference
     /// list (no borrow flag or dict to initialise).
     #[cold]
-    fn learn_layout<T: PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync>(&self, obj: &Bound<'_, T>) {
+    fn learn_layout(&self, obj: &Bound<'_, T>) {
         let start = obj.as_ptr() as usize;
         let value = obj.get() as *const T as usize;
         // SAFETY: reading the sizes of a live type object.
@@ -189,7 +203,7 @@ impl HandlePool {
             // of this layout (the one pyo3 made included).
             unsafe {
                 let tp = ffi::Py_TYPE(obj.as_ptr());
-                (*tp).tp_dealloc = Some(self.dealloc);
+                (*tp).tp_dealloc = Some(dealloc_pooled::<T>);
                 ffi::PyType_Modified(tp);
             }
         }
@@ -203,7 +217,7 @@ impl HandlePool {
     /// # Safety
     /// GIL held; `obj` is an object of `T` whose refcount reached zero.
     #[inline(always)]
-    pub(super) unsafe fn dealloc<T>(&self, obj: *mut ffi::PyObject) {
+    unsafe fn dealloc(&self, obj: *mut ffi::PyObject) {
         // SAFETY: the caller's contract: GIL held, `obj` a dead object of `T` at the learned offset.
         unsafe {
             // Untracked before the value's destructor can run Python code

@@ -1,22 +1,19 @@
 //! `HandleState`: the state of a handle (its pending call and its context),
 //! and debug mode's side table of where handles were created.
 
-use std::collections::HashMap;
-use std::ptr::NonNull;
-use std::sync::{Mutex, OnceLock};
-
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::callback::{as_py, Callback};
+use super::callback::Callback;
+use crate::capi::handles::{tracebacks, ObjRef};
 
 /// A handle's state: the pending call, and the context it runs in (kept for
 /// the handle's life, as asyncio keeps it).
 pub(crate) struct HandleState {
     /// None once a one-shot handle has run, or once cancelled.
     pub(super) callback: Option<Callback>,
-    context: NonNull<ffi::PyObject>,
+    context: ObjRef,
     /// The context is a loop snapshot other handles may share (see context.rs).
     shared_context: bool,
     /// Has a source traceback in `source_tracebacks()` (debug mode only).
@@ -31,37 +28,27 @@ pub(crate) struct HandleState {
     foreign_context: bool,
 }
 
-// SAFETY: only touched while holding the GIL.
-unsafe impl Send for HandleState {}
-
 impl HandleState {
-    /// Takes ownership of the reference to `context`.
-    ///
-    /// # Safety
-    /// `context` is a live `contextvars.Context`.
+    /// A new state owning `context` (a `contextvars.Context`, or any object
+    /// with `foreign_context`). The constructors from raw pointers are in
+    /// context.rs.
     #[inline(always)]
-    pub(crate) unsafe fn new(cb: Callback, context: *mut ffi::PyObject, shared_context: bool, repeat: bool) -> Self {
+    pub(super) fn from_parts(
+        cb: Callback,
+        context: ObjRef,
+        shared_context: bool,
+        repeat: bool,
+        foreign_context: bool,
+    ) -> Self {
         HandleState {
             callback: Some(cb),
-            // SAFETY: the caller's contract: `context` is a live (non-null) context.
-            context: unsafe { NonNull::new_unchecked(context) },
+            context,
             shared_context,
             traced: false,
             cancelled: false,
             repeat,
-            foreign_context: false,
+            foreign_context,
         }
-    }
-
-    /// A state whose `context` is any object (see `foreign_context`).
-    ///
-    /// # Safety
-    /// As for `new`, `context` being any live object.
-    pub(crate) unsafe fn with_foreign_context(cb: Callback, context: *mut ffi::PyObject) -> Self {
-        // SAFETY: per the contract.
-        let mut state = unsafe { HandleState::new(cb, context, false, false) };
-        state.foreign_context = true;
-        state
     }
 
     /// Whether the context is not a `contextvars.Context`.
@@ -72,13 +59,9 @@ impl HandleState {
 
     /// Records where the handle was created (debug mode). Only for a core
     /// already in its handle: the record is keyed by the core's address.
-    pub(crate) fn set_source_traceback(&mut self, tb: Py<PyAny>) {
-        let old = source_tracebacks().insert(self.key(), tb.into_ptr() as usize);
+    pub(crate) fn set_source_traceback(&mut self, py: Python<'_>, tb: Py<PyAny>) {
+        tracebacks::record(py, self.key(), tb);
         self.traced = true;
-        if let Some(old) = old {
-            // SAFETY: GIL held; the table owned this reference.
-            unsafe { ffi::Py_DECREF(old as *mut ffi::PyObject) }
-        }
     }
 
     /// Where the handle was created, if recorded (debug mode).
@@ -86,9 +69,7 @@ impl HandleState {
         if !self.traced {
             return None;
         }
-        let tb = source_tracebacks().get(&self.key()).copied()?;
-        // SAFETY: the table holds a reference to this object.
-        Some(unsafe { Bound::from_borrowed_ptr(py, tb as *mut ffi::PyObject) }.unbind())
+        tracebacks::get(py, self.key())
     }
 
     #[inline]
@@ -146,31 +127,21 @@ impl HandleState {
         }
         // The source traceback (a list of frame summaries, never pointing
         // back at handles) is not reported: it cannot close a cycle.
-        visit.call(as_py(&self.context.as_ptr()))
+        visit.call(&*self.context)
     }
 
     pub(crate) fn is_repeating(&self) -> bool {
         self.repeat
     }
 
-    /// The context to show to Python code: a shared snapshot is first
-    /// replaced by a private copy, so what the caller does with it affects
-    /// this handle only.
-    pub(super) fn private_context(&mut self) -> *mut ffi::PyObject {
-        // SAFETY: GIL held (`&mut self` is only reached through NativeCell::with); the context is live.
-        unsafe {
-            if self.shared_context && ffi::Py_REFCNT(self.context.as_ptr()) > 1 {
-                let copy = ffi::PyContext_Copy(self.context.as_ptr());
-                if !copy.is_null() {
-                    let old = std::mem::replace(&mut self.context, NonNull::new_unchecked(copy));
-                    self.shared_context = false;
-                    ffi::Py_DECREF(old.as_ptr());
-                } else {
-                    ffi::PyErr_Clear();
-                }
-            }
-            self.context.as_ptr()
+    /// The context to show to Python code (a new reference): a shared
+    /// snapshot is first replaced by a private copy, so what the caller does
+    /// with it affects this handle only.
+    pub(super) fn private_context(&mut self, py: Python<'_>) -> Py<PyAny> {
+        if self.shared_context && super::context::copy_if_shared(py, &mut self.context) {
+            self.shared_context = false;
         }
+        self.context.to_object(py)
     }
 
     /// Marks cancelled and returns the references to drop (outside any borrow).
@@ -183,23 +154,8 @@ impl HandleState {
 impl Drop for HandleState {
     fn drop(&mut self) {
         if self.traced {
-            // Taken out before the decref, which may run Python code.
-            let tb = source_tracebacks().remove(&self.key());
-            if let Some(tb) = tb {
-                // SAFETY: GIL held; the table owned this reference.
-                unsafe { ffi::Py_DECREF(tb as *mut ffi::PyObject) }
-            }
+            // Before the context goes, whose decref may run Python code.
+            tracebacks::forget(self.key());
         }
-        // SAFETY: handles are dropped with the GIL held.
-        unsafe { ffi::Py_DECREF(self.context.as_ptr()) }
     }
-}
-
-/// Source tracebacks of debug-mode handles (owned object pointers), by core
-/// address: kept out of the handle so that a handle stays within 64 bytes.
-/// Raw pointers, because a handle's value is dropped by `HandlePool::dealloc`
-/// outside pyo3's trampolines, where pyo3 would defer dropping a `Py<T>`.
-fn source_tracebacks() -> std::sync::MutexGuard<'static, HashMap<usize, usize>> {
-    static TRACEBACKS: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
-    TRACEBACKS.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
