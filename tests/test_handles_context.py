@@ -166,3 +166,66 @@ def test_context_taken_after_the_run(loop):
         assert done == ["before", "changed"]
     finally:
         var.reset(token)
+
+
+@pytest.mark.parametrize("how", SCHEDULE)
+def test_a_sibling_handles_context_taken_during_a_run(loop, how):
+    """A callback that sets a variable and then asks another pending
+    handle (scheduled from the same context) for its context gets that
+    handle's context as it was scheduled: what the running callback set is
+    its own, and neither the copy nor the sibling's run sees it."""
+    seen = {}
+    handles = {}
+
+    def first():
+        var.set("first")
+        ctx = context_of(handles["second"])
+        seen["copy"] = ctx.get(var, "missing")
+        seen["in_first"] = var.get()
+
+    def second():
+        seen["second"] = var.get()
+        loop.stop()
+
+    handles["first"] = schedule(loop, how, first)
+    handles["second"] = schedule(loop, how, second)
+    run_until_stopped(loop)
+    assert seen == {"copy": "missing", "in_first": "first", "second": "unset"}
+    assert var.get() == "unset"
+
+
+@pytest.mark.parametrize("how", SCHEDULE)
+@pytest.mark.parametrize("sibling", [False, True], ids=["alone", "sibling"])
+def test_own_context_taken_during_the_run_is_the_running_one(loop, how, sibling):
+    """asyncio's handle runs its callback in the handle's context, so the
+    context a callback takes from its own handle is the one it runs in:
+    what the callback sets afterwards shows in it, during the run and
+    after; a sibling scheduled from the same context sees none of it."""
+    seen = {}
+    handles = {}
+
+    def cb():
+        var.set("before")
+        ctx = context_of(handles["cb"])
+        seen["taken"] = ctx.get(var, "missing")
+        var.set("after")
+        seen["live"] = ctx.get(var, "missing")
+        seen["same"] = ctx is context_of(handles["cb"])
+        seen["inside"] = var.get()
+        if not sibling:
+            loop.call_soon(loop.stop)
+
+    def other():
+        seen["sibling"] = var.get()
+        loop.stop()
+
+    handles["cb"] = schedule(loop, how, cb)
+    if sibling:
+        schedule(loop, how, other)
+    run_until_stopped(loop)
+    expected = {"taken": "before", "live": "after", "same": True, "inside": "after"}
+    if sibling:
+        expected["sibling"] = "unset"
+    assert seen == expected
+    assert context_of(handles["cb"]).get(var, "missing") == "after"
+    assert var.get() == "unset"

@@ -27,6 +27,7 @@
 //! made and freed per call) is the fallback when the offset is not found or
 //! the thread has no context yet.
 
+use std::cell::Cell;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -218,6 +219,44 @@ impl ContextCache {
     }
 }
 
+/// A callback's run in a shared snapshot, as the thread's record of it.
+#[derive(Clone, Copy)]
+struct SharedRun {
+    /// The snapshot entered for the run.
+    ctx: *mut ffi::PyObject,
+    /// Its variables from before the run, to put back after it (a reference
+    /// the run holds; null when nothing else shares the snapshot, or once
+    /// put back early).
+    before: *mut ffi::PyObject,
+    /// The running handle's private copy the run moved into when the
+    /// handle was asked for its context (a reference the run holds; null
+    /// until then).
+    moved_to: *mut ffi::PyObject,
+}
+
+const NO_RUN: SharedRun = SharedRun { ctx: ptr::null_mut(), before: ptr::null_mut(), moved_to: ptr::null_mut() };
+
+thread_local! {
+    /// The run in a shared snapshot going on on this thread (`NO_RUN` when
+    /// none): what `copy_if_shared` needs to give a handle asked for its
+    /// context meanwhile what asyncio's handle would have.
+    static RUNNING_SHARED: Cell<SharedRun> = const { Cell::new(NO_RUN) };
+    /// The address of the last handle state run in a shared snapshot on this
+    /// thread (only compared, never followed).
+    static RUNNING_HANDLE: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Notes that the handle state at `addr` is about to run in a shared snapshot.
+#[inline(always)]
+pub(crate) fn mark_running(addr: usize) {
+    RUNNING_HANDLE.set(addr);
+}
+
+/// Whether the handle state at `addr` is the one running (see `mark_running`).
+fn is_running(addr: usize) -> bool {
+    RUNNING_HANDLE.get() == addr
+}
+
 /// Runs `cb` inside `ctx`; when other handles share the snapshot, any
 /// variable the call sets is undone afterwards (see the module docs).
 /// Returns false if the call raised or the context could not be entered or
@@ -229,7 +268,9 @@ impl ContextCache {
 /// it replaces the loop's snapshot), and CPython's `PyContext_Exit` must
 /// not drop the last one: it clears the context's `ctx_prev` (the context
 /// to go back to) while it still means to make it the current one, so the
-/// thread was left in a freed context.
+/// thread was left in a freed context. If the callback asked its own handle
+/// for its context, the run went on in that copy (`copy_if_shared`), which
+/// is the one left here.
 ///
 /// # Safety
 /// GIL held; `ctx` is a live context not currently entered.
@@ -247,18 +288,36 @@ pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shar
             return false;
         }
         let slot = (ctx as *mut u8).add(VARS_OFFSET) as *mut *mut ffi::PyObject;
-        let before = if undo { *slot } else { ptr::null_mut() };
-        if undo {
-            ffi::Py_INCREF(before);
-        }
+        let outer = if shared {
+            let before = if undo { *slot } else { ptr::null_mut() };
+            ffi::Py_XINCREF(before);
+            RUNNING_SHARED.replace(SharedRun { ctx, before, moved_to: ptr::null_mut() })
+        } else {
+            NO_RUN
+        };
         let ok = cb.call(py);
+        if !shared {
+            let exited = ffi::PyContext_Exit(ctx) == 0;
+            ffi::Py_DECREF(ctx);
+            return ok && exited;
+        }
+        let run = RUNNING_SHARED.replace(outer);
+        if !run.moved_to.is_null() {
+            // The snapshot was left (and its variables put back) when the
+            // run moved into the handle's copy; that copy is the one to leave.
+            let exited = ffi::PyContext_Exit(run.moved_to) == 0;
+            ffi::Py_DECREF(run.moved_to);
+            ffi::Py_DECREF(ctx);
+            return ok && exited;
+        }
         // The reference to drop once the context is left: ours to the
         // mapping from before, or, if the callback set a variable, the
         // changed mapping, whose place ours takes (no Python code runs
         // between this and the exit, which moves the thread's context version
         // on, so ContextVar's lookup cache never sees the swap).
+        let before = run.before;
         let mut release = before;
-        if undo {
+        if !before.is_null() {
             let after = *slot;
             if after != before {
                 *slot = before;
@@ -266,9 +325,7 @@ pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shar
             }
         }
         let exited = ffi::PyContext_Exit(ctx) == 0;
-        if undo {
-            ffi::Py_DECREF(release);
-        }
+        ffi::Py_XDECREF(release);
         ffi::Py_DECREF(ctx);
         ok && exited
     }
@@ -276,18 +333,92 @@ pub(crate) unsafe fn run_in_context(cb: &Callback, ctx: *mut ffi::PyObject, shar
 
 /// Replaces `ctx` by a private copy if anything else holds it (a shared
 /// snapshot); true if it did. An object that is not a context stays (its
-/// copy fails, and the error is cleared).
-pub(crate) fn copy_if_shared(py: Python<'_>, ctx: &mut ObjRef) -> bool {
+/// copy fails, and the error is cleared). `owner` is the address of the
+/// handle state asking.
+///
+/// While a callback runs in the snapshot, asyncio's answers are these: the
+/// running handle's context is the one the callback runs in, so the run
+/// moves into the copy (the snapshot left, its variables put back, the copy
+/// entered in its place) and what the callback sets from then on is the
+/// copy's; a sibling's copy gets the snapshot's variables from before the
+/// run, not what the running callback has set.
+pub(crate) fn copy_if_shared(py: Python<'_>, ctx: &mut ObjRef, owner: usize) -> bool {
     if crate::capi::refcount(ctx) <= 1 {
         return false;
     }
     // SAFETY: GIL held (the token); a new reference or NULL with an error set.
-    match unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyContext_Copy(ctx.as_ptr())) } {
-        Ok(copy) => {
-            *ctx = ObjRef::new(copy.unbind());
-            true
+    let copy = match unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyContext_Copy(ctx.as_ptr())) } {
+        Ok(copy) => copy,
+        Err(_) => return false,
+    };
+    let run = RUNNING_SHARED.get();
+    if run.ctx == ctx.as_ptr() && run.moved_to.is_null() {
+        // SAFETY: GIL held; `copy` is a new context of the verified layout
+        // (sharing happens only then) that nothing else has seen; the run's
+        // references keep `run.ctx` and `run.before` alive.
+        unsafe {
+            if is_running(owner) {
+                // SAFETY: as above; the snapshot is the thread's current
+                // context (checked), so leaving it and entering the copy is
+                // what Context.run would have done with the copy from the start.
+                if current_context() == run.ctx && move_run_into(run, copy.as_ptr()) {
+                    *ctx = ObjRef::new(copy.unbind());
+                    return true;
+                }
+            } else if !run.before.is_null() {
+                set_vars(copy.as_ptr(), run.before);
+            }
         }
-        Err(_) => false,
+    }
+    *ctx = ObjRef::new(copy.unbind());
+    true
+}
+
+/// Gives `ctx` (a context nothing else has seen yet) the mapping `vars`.
+///
+/// # Safety
+/// GIL held; `ctx` of the verified layout, `vars` a live mapping.
+unsafe fn set_vars(ctx: *mut ffi::PyObject, vars: *mut ffi::PyObject) {
+    // SAFETY: per the contract; the new reference replaces the copy's.
+    unsafe {
+        let slot = (ctx as *mut u8).add(VARS_OFFSET) as *mut *mut ffi::PyObject;
+        ffi::Py_INCREF(vars);
+        let theirs = std::mem::replace(&mut *slot, vars);
+        ffi::Py_DECREF(theirs);
+    }
+}
+
+/// Moves the running callback from its snapshot into `copy`: the
+/// snapshot's variables are put back and it is left, `copy` is entered and
+/// the run holds it. False (nothing changed, or an error set) if either
+/// step fails.
+///
+/// # Safety
+/// GIL held; `run` is the thread's record of the run; the snapshot is the
+/// thread's current context; `copy` a live context not entered.
+unsafe fn move_run_into(run: SharedRun, copy: *mut ffi::PyObject) -> bool {
+    // SAFETY: per the contract; the run's reference keeps the snapshot alive
+    // across its exit, and ours keeps `copy` alive until the run leaves it.
+    unsafe {
+        let slot = (run.ctx as *mut u8).add(VARS_OFFSET) as *mut *mut ffi::PyObject;
+        if ffi::PyContext_Exit(run.ctx) < 0 {
+            return false;
+        }
+        if ffi::PyContext_Enter(copy) < 0 {
+            // Back where it was, so the run ends as it would have.
+            if ffi::PyContext_Enter(run.ctx) < 0 {
+                ffi::PyErr_Clear();
+            }
+            return false;
+        }
+        if !run.before.is_null() {
+            // The run's reference to the old mapping moves into the slot.
+            let changed = std::mem::replace(&mut *slot, run.before);
+            ffi::Py_DECREF(changed);
+        }
+        ffi::Py_INCREF(copy);
+        RUNNING_SHARED.set(SharedRun { ctx: run.ctx, before: ptr::null_mut(), moved_to: copy });
+        true
     }
 }
 

@@ -93,10 +93,21 @@ impl HandleState {
     }
 
     /// The context to run in as (context, shared); copied out so no borrow
-    /// of the handle is held while Python code runs.
+    /// of the handle is held while Python code runs. Asked for just before
+    /// the run, so a handle about to run in a shared snapshot is noted as
+    /// the running one (see `private_context`).
     #[inline]
     pub(crate) fn run_context(&self) -> (*mut ffi::PyObject, bool) {
+        if self.shared_context {
+            super::context::mark_running(self.address());
+        }
         (self.context.as_ptr(), self.shared_context)
+    }
+
+    /// This state's address, an identity compared and never followed.
+    #[inline(always)]
+    fn address(&self) -> usize {
+        self as *const HandleState as usize
     }
 
     /// Puts a copy of a taken callback back (for error reports); true if it
@@ -138,7 +149,8 @@ impl HandleState {
     /// snapshot is first replaced by a private copy, so what the caller does
     /// with it affects this handle only.
     pub(super) fn private_context(&mut self, py: Python<'_>) -> Py<PyAny> {
-        if self.shared_context && super::context::copy_if_shared(py, &mut self.context) {
+        let owner = self.address();
+        if self.shared_context && super::context::copy_if_shared(py, &mut self.context, owner) {
             self.shared_context = false;
         }
         self.context.to_object(py)
