@@ -510,13 +510,6 @@ pub(crate) mod transport {
             unsafe { &(*self.handle.raw()).extra.flags }
         }
 
-        /// The stream as libuv knows it, for code that calls libuv itself
-        /// (an opaque pointer).
-        #[inline]
-        pub(crate) fn raw_stream(&self) -> *mut sys::uv_stream_t {
-            self.stream()
-        }
-
         /// The core the box keeps alive.
         pub(crate) fn owner(&self, py: Python<'_>) -> Option<Py<C>> {
             // SAFETY: the box lives as long as self; `owner` is only written
