@@ -9,7 +9,8 @@
 //! - turn.rs: one turn of the loop (poll, due timers, ready callbacks)
 //! - timers.rs: the timer heap behind the single libuv timer
 //! - fdwatch.rs: add_reader / add_writer, a selector inside the loop
-//! - fastcall.rs, args.rs: call_soon and friends as vectorcall methods
+//! - fastcall.rs: call_soon and friends as vectorcall methods (and the
+//!   safe view of vectorcall arguments tasks.rs uses)
 //! - tasks.rs: create_task / create_future without a Python frame
 //! - gil.rs: handing the GIL to other threads around the poll
 //! - clients.rs: the trait through which native objects living on the loop
@@ -20,7 +21,6 @@
 //! The state other code reaches is `LoopShared`: boxed, so that libuv's
 //! handles can point at it, and held by the `LoopCore` for the loop's life.
 
-mod args;
 mod clients;
 mod fastcall;
 mod fdwatch;
