@@ -1257,10 +1257,36 @@ pub(crate) mod eventloop {
             Ok(())
         }
 
-        /// The epoll set, once `fds_open` made it.
+        /// The epoll set, once `fds_open` made it. (Private: no borrow of
+        /// the handles leaves this type, so none outlives a close.)
         #[inline]
-        pub(crate) fn fd_set(&self, _py: Python<'_>) -> Option<&EpollSet> {
+        fn fd_set(&self) -> Option<&EpollSet> {
             self.get()?.fds.get().map(|f| &f.set)
+        }
+
+        /// `EpollSet::add` on the fd watchers' set (EBADF before
+        /// `fds_open`, or once closed).
+        #[inline]
+        pub(crate) fn fd_add(&self, _py: Python<'_>, fd: i32, events: u32) -> Result<(), i32> {
+            self.fd_set().map_or(Err(libc::EBADF), |s| s.add(fd, events))
+        }
+
+        /// `EpollSet::modify` on the fd watchers' set.
+        #[inline]
+        pub(crate) fn fd_modify(&self, _py: Python<'_>, fd: i32, events: u32) -> Result<(), i32> {
+            self.fd_set().map_or(Err(libc::EBADF), |s| s.modify(fd, events))
+        }
+
+        /// `EpollSet::delete` on the fd watchers' set.
+        #[inline]
+        pub(crate) fn fd_delete(&self, _py: Python<'_>, fd: i32) -> Result<(), i32> {
+            self.fd_set().map_or(Err(libc::EBADF), |s| s.delete(fd))
+        }
+
+        /// `EpollSet::ready` on the fd watchers' set (0 without one).
+        #[inline]
+        pub(crate) fn fds_ready(&self, _py: Python<'_>, events: &mut [libc::epoll_event]) -> usize {
+            self.fd_set().map_or(0, |s| s.ready(events))
         }
 
         /// Has libuv watch the epoll set from now on (once).

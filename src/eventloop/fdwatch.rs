@@ -86,11 +86,7 @@ impl FdWatchers {
         let old = entry.slot(side).replace(handle);
         let after = entry.mask();
         if before != after {
-            let done = match uv.fd_set(py) {
-                None => Err(libc::EBADF),
-                Some(set) if before == 0 => set.add(fd, after),
-                Some(set) => set.modify(fd, after),
-            };
+            let done = if before == 0 { uv.fd_add(py, fd, after) } else { uv.fd_modify(py, fd, after) };
             if let Err(err) = done {
                 let entry = self.entries.get_mut(&fd).expect("present");
                 let mine = std::mem::replace(entry.slot(side), old);
@@ -112,9 +108,7 @@ impl FdWatchers {
         let mask = entry.mask();
         // A descriptor already closed has left the set: the error is
         // expected and ignored, as selectors do.
-        if let Some(set) = uv.fd_set(py) {
-            let _ = if mask == 0 { set.delete(fd) } else { set.modify(fd, mask) };
-        }
+        let _ = if mask == 0 { uv.fd_delete(py, fd) } else { uv.fd_modify(py, fd, mask) };
         if mask == 0 {
             self.entries.remove(&fd);
         }
@@ -142,11 +136,11 @@ impl FdWatchers {
     /// Unregisters everything, handing the handlers to the caller.
     pub(crate) fn take_all(&mut self, py: Python<'_>, uv: &LoopHandles) -> Vec<Py<Handle>> {
         let mut out = Vec::new();
-        let set = if self.inherited() { None } else { uv.fd_set(py) };
+        let shared_with_parent = self.inherited();
         for (fd, e) in self.entries.drain() {
-            if let Some(set) = set {
+            if !shared_with_parent {
                 // A closed fd has left the set already.
-                let _ = set.delete(fd);
+                let _ = uv.fd_delete(py, fd);
             }
             out.extend(e.reader);
             out.extend(e.writer);
@@ -168,8 +162,7 @@ impl FdWatchers {
     fn dispatch(&mut self, py: Python<'_>, uv: &LoopHandles, ready: &mut std::collections::VecDeque<Ready>) -> u64 {
         const MAX_EVENTS: usize = 256;
         let mut events = [NO_EVENT; MAX_EVENTS];
-        let Some(set) = uv.fd_set(py) else { return 0 };
-        let n = set.ready(&mut events);
+        let n = uv.fds_ready(py, &mut events);
         for ev in &events[..n] {
             let fd = ev.u64 as i32;
             let Some(entry) = self.entries.get(&fd) else { continue };
