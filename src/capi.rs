@@ -7,14 +7,6 @@
 //! `handles::pool` and `eventloop::fastcall`. Each section belongs to the
 //! layer that uses it.
 
-// ---- section: calls and objects (python, handles) ----
-
-// ---- end of section: handles ----
-
-// ---- section: the loop (eventloop) ----
-
-// ---- end of section: eventloop ----
-
 // ---- section: transports (transport) ----
 
 /// The transports' CPython calls: buffers borrowed from bytes-like objects
@@ -789,3 +781,167 @@ pub(crate) mod handles {
 }
 
 // ---- end of section: handles ----
+
+
+// ---- section: the loop's GIL hand-off and queued callbacks (eventloop) ----
+
+/// The loop's CPython calls: the thread state saved while the loop polls
+/// without the GIL, a queued handle's callback run in its context, and the
+/// state of an fd handler built from a callback and its argument tuple.
+pub(crate) mod eventloop {
+    use std::cell::Cell;
+    use std::marker::PhantomData;
+    use std::ptr;
+
+    use pyo3::ffi;
+    use pyo3::prelude::*;
+    use pyo3::types::PyTuple;
+    use pyo3::PyVisit;
+
+    use crate::handles::{run_in_context, Callback, HandleState, Ready};
+
+    /// The loop thread's Python thread state while the loop polls without
+    /// the GIL (`PyEval_SaveThread`); null while it holds the GIL.
+    pub(crate) struct SavedThread {
+        saved: Cell<*mut ffi::PyThreadState>,
+    }
+
+    impl SavedThread {
+        pub(crate) const fn new() -> Self {
+            SavedThread { saved: Cell::new(ptr::null_mut()) }
+        }
+
+        /// Whether the GIL is given away.
+        #[inline(always)]
+        pub(crate) fn is_saved(&self) -> bool {
+            !self.saved.get().is_null()
+        }
+
+        /// Releases the GIL, if not given away already.
+        ///
+        /// # Safety
+        /// This thread holds the GIL, and touches no Python object until
+        /// `restore` (the loop's prepare callback, inside uv_run).
+        #[inline(always)]
+        pub(crate) unsafe fn save(&self) {
+            if self.saved.get().is_null() {
+                // SAFETY: per the contract.
+                self.saved.set(unsafe { ffi::PyEval_SaveThread() });
+            }
+        }
+
+        /// Takes the GIL back if `save` gave it away; true if it did.
+        ///
+        /// # Safety
+        /// On the thread that called `save`.
+        #[inline(always)]
+        pub(crate) unsafe fn restore(&self) -> bool {
+            let saved = self.saved.replace(ptr::null_mut());
+            if saved.is_null() {
+                return false;
+            }
+            // SAFETY: `saved` is this thread's state, saved by `save`.
+            unsafe { ffi::PyEval_RestoreThread(saved) };
+            true
+        }
+    }
+
+    /// A queued handle's callback taken out to run, and the context it runs
+    /// in: the handle's own, which the queue item (borrowed for `'a`) keeps
+    /// alive with the handle.
+    pub(crate) struct DueCall<'a> {
+        cb: Callback,
+        ctx: *mut ffi::PyObject,
+        shared: bool,
+        foreign: bool,
+        _item: PhantomData<&'a Ready>,
+    }
+
+    impl<'a> DueCall<'a> {
+        /// The callback of `item` if it is to run (not cancelled); `keep`:
+        /// the handle keeps its callback meanwhile (debug mode).
+        #[inline(always)]
+        pub(crate) fn take(py: Python<'_>, item: &'a Ready, keep: bool) -> Option<Self> {
+            item.with_state(py, |c| {
+                let cb = c.take_for_run(keep)?;
+                let (ctx, shared) = c.run_context();
+                Some(DueCall { cb, ctx, shared, foreign: c.has_foreign_context(), _item: PhantomData })
+            })
+        }
+
+        #[inline(always)]
+        pub(crate) fn callback(&self) -> &Callback {
+            &self.cb
+        }
+
+        /// The context, when it is the loop's shared snapshot (see
+        /// handles/context.rs): for `ContextCache::set_running`.
+        #[inline(always)]
+        pub(crate) fn shared_context(&self) -> Option<*mut ffi::PyObject> {
+            self.shared.then_some(self.ctx)
+        }
+
+        /// Calls the callback in its context; false if it raised (the
+        /// exception is left set). Native state must not be borrowed (the
+        /// call runs Python code; debug builds check it).
+        #[inline(always)]
+        pub(crate) fn run(&self, _py: Python<'_>) -> bool {
+            // SAFETY: GIL held (the token); the context is the handle
+            // state's, which the borrowed item keeps alive; a foreign one is
+            // any live object.
+            unsafe {
+                if self.foreign {
+                    self.cb.call_through(self.ctx)
+                } else {
+                    run_in_context(&self.cb, self.ctx, self.shared)
+                }
+            }
+        }
+    }
+
+    /// A queued handle, as an object.
+    #[inline]
+    pub(crate) fn ready_object<'py>(py: Python<'py>, item: &Ready) -> Bound<'py, PyAny> {
+        // SAFETY: the item holds a reference to its handle.
+        unsafe { Bound::from_borrowed_ptr(py, item.as_ptr()) }
+    }
+
+    /// `f` on a queued handle's state, for the cyclic GC's traversal (the
+    /// `PyVisit` proves it: the GIL is held, and `f` only reads).
+    #[inline]
+    pub(crate) fn traverse_ready<R>(item: &Ready, _visit: &PyVisit<'_>, f: impl FnOnce(&HandleState) -> R) -> R {
+        // SAFETY: as for `NativeCell::traverse`.
+        unsafe { item.peek_state(f) }
+    }
+
+    /// A callback's function, as an object.
+    #[inline]
+    pub(crate) fn callback_func<'py>(py: Python<'py>, cb: &Callback) -> Bound<'py, PyAny> {
+        // SAFETY: the callback holds a reference to its function.
+        unsafe { Bound::from_borrowed_ptr(py, cb.func()) }
+    }
+
+    /// The state of an fd handler: `callback(*args)`, run each time the fd
+    /// is ready, in a copy of the current context of its own (as asyncio).
+    pub(crate) fn repeating_state(
+        py: Python<'_>,
+        callback: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+    ) -> PyResult<HandleState> {
+        // SAFETY: GIL held; a new reference or NULL with the error set.
+        let ctx = unsafe { ffi::PyContext_CopyCurrent() };
+        if ctx.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        // SAFETY: the callback and the tuple's items are live objects;
+        // Callback::new takes references of its own, and the state takes
+        // over the context's.
+        unsafe {
+            let items = (*(args.as_ptr() as *mut ffi::PyTupleObject)).ob_item.as_ptr();
+            let cb = Callback::new(callback.as_ptr(), items, args.len());
+            Ok(HandleState::new(cb, ctx, false, true))
+        }
+    }
+}
+
+// ---- end of section: eventloop ----

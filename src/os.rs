@@ -369,10 +369,6 @@ pub(crate) mod net {
 
 // ---- end of section: net ----
 
-// ---- section: fd watchers and process (eventloop) ----
-
-// ---- end of section: eventloop ----
-
 // ---- section: datagram and stream sockets (transport) ----
 
 /// The transports' socket calls: a datagram socket's sends and receives,
@@ -472,3 +468,110 @@ pub(crate) fn find_bytes(hay: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 // ---- end of section: streams ----
+
+// ---- section: clocks, the fd watchers' epoll set, the process (eventloop) ----
+
+/// The loop's libc calls: the monotonic clock (and the CPU's time-stamp
+/// counter the stats clock reads), the process id a fork check compares,
+/// and the private epoll set behind `add_reader` / `add_writer`.
+pub(crate) mod eventloop {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+    use crate::errors::last_errno;
+
+    /// `clock_gettime(CLOCK_MONOTONIC)`, the clock of `time.monotonic()`.
+    #[inline(always)]
+    pub(crate) fn monotonic_timespec() -> libc::timespec {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes the timespec we pass.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts
+    }
+
+    /// The CPU's time-stamp counter.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) fn read_tsc() -> u64 {
+        // SAFETY: RDTSC has no preconditions on x86-64.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+
+    /// This process's id.
+    #[inline]
+    pub(crate) fn pid() -> libc::pid_t {
+        // SAFETY: getpid has no preconditions.
+        unsafe { libc::getpid() }
+    }
+
+    /// An epoll set of our own, closed when dropped. The descriptors it
+    /// watches are only numbers to it: the kernel validates each one, and
+    /// one closed while watched drops out of the set.
+    pub(crate) struct EpollSet {
+        fd: OwnedFd,
+    }
+
+    /// An empty epoll event, for `EpollSet::ready`'s buffer.
+    pub(crate) const NO_EVENT: libc::epoll_event = libc::epoll_event { events: 0, u64: 0 };
+
+    impl EpollSet {
+        /// A new, empty set (close-on-exec); an errno on failure.
+        pub(crate) fn new() -> Result<Self, i32> {
+            // SAFETY: a plain system call.
+            let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            if fd < 0 {
+                return Err(last_errno());
+            }
+            // SAFETY: a fresh fd nobody else owns.
+            Ok(EpollSet { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        }
+
+        /// The set's own fd (for libuv to poll).
+        #[inline]
+        pub(crate) fn raw_fd(&self) -> RawFd {
+            self.fd.as_raw_fd()
+        }
+
+        /// `epoll_ctl(op, fd)` with `events`, the event's data being `fd`.
+        #[inline]
+        fn ctl(&self, op: i32, fd: RawFd, events: u32) -> Result<(), i32> {
+            let mut ev = libc::epoll_event { events, u64: fd as u64 };
+            // SAFETY: the set's fd is ours; the kernel validates `fd` and
+            // only reads the event.
+            if unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut ev) } < 0 {
+                return Err(last_errno());
+            }
+            Ok(())
+        }
+
+        /// Adds `fd` for `events` (EPOLLIN, EPOLLOUT).
+        #[inline]
+        pub(crate) fn add(&self, fd: RawFd, events: u32) -> Result<(), i32> {
+            self.ctl(libc::EPOLL_CTL_ADD, fd, events)
+        }
+
+        /// Changes the events `fd` is watched for.
+        #[inline]
+        pub(crate) fn modify(&self, fd: RawFd, events: u32) -> Result<(), i32> {
+            self.ctl(libc::EPOLL_CTL_MOD, fd, events)
+        }
+
+        /// Removes `fd` from the set.
+        #[inline]
+        pub(crate) fn delete(&self, fd: RawFd) -> Result<(), i32> {
+            self.ctl(libc::EPOLL_CTL_DEL, fd, 0)
+        }
+
+        /// The events ready now (no waiting), written to the front of
+        /// `events`: how many there are.
+        #[inline]
+        pub(crate) fn ready(&self, events: &mut [libc::epoll_event]) -> usize {
+            let room = events.len().min(i32::MAX as usize) as i32;
+            // SAFETY: the set's fd is ours; the kernel writes at most
+            // `room` events to the buffer.
+            let n = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), room, 0) };
+            n.max(0) as usize
+        }
+    }
+}
+
+// ---- end of section: eventloop ----

@@ -14,7 +14,7 @@ pub(crate) use libuv_sys2 as sys;
 pub(crate) struct UvLoop {
     raw: *mut sys::uv_loop_t,
     /// The process that created the loop (see `adopt_after_fork`).
-    pid: libc::pid_t,
+    pid: std::cell::Cell<libc::pid_t>,
 }
 
 impl UvLoop {
@@ -29,7 +29,7 @@ impl UvLoop {
                 drop(Box::from_raw(raw as *mut MaybeUninit<sys::uv_loop_t>));
                 return Err(rc);
             }
-            Ok(UvLoop { raw, pid: libc::getpid() })
+            Ok(UvLoop { raw, pid: std::cell::Cell::new(crate::os::eventloop::pid()) })
         }
     }
 
@@ -50,23 +50,21 @@ impl UvLoop {
 
     /// Whether this process is a fork of the one that made the loop.
     pub(crate) fn inherited(&self) -> bool {
-        // SAFETY: getpid has no preconditions.
-        unsafe { libc::getpid() != self.pid }
+        crate::os::eventloop::pid() != self.pid.get()
     }
 
     /// In a forked child, gives the loop kernel objects of its own before
     /// anything is closed: the epoll set (and eventfd, io_uring) the child
     /// inherited are the parent's too, and unregistering a handle from them
     /// would stop the parent's loop from seeing that fd.
-    pub(crate) fn adopt_after_fork(&mut self) {
+    pub(crate) fn adopt_after_fork(&self) {
         if self.inherited() {
             // SAFETY: the loop is initialised; uv_loop_fork re-creates its
             // backend in this process. Failing that, the loop is leaked at
             // close rather than touching the parent's kernel state.
             let rc = unsafe { sys::uv_loop_fork(self.raw) };
             if rc == 0 {
-                // SAFETY: as above.
-                self.pid = unsafe { libc::getpid() };
+                self.pid.set(crate::os::eventloop::pid());
             }
         }
     }
@@ -238,10 +236,6 @@ pub(crate) fn version() -> (u32, u32, u32) {
     let v = unsafe { sys::uv_version() };
     ((v >> 16) & 0xff, (v >> 8) & 0xff, v & 0xff)
 }
-
-// ---- section: loop handles: async, prepare, timer, poll, signal (eventloop) ----
-
-// ---- end of section: eventloop ----
 
 // ---- section: streams, TCP, pipes, UDP, writes, shutdown (transport) ----
 
@@ -508,13 +502,6 @@ pub(crate) mod transport {
         fn flags(&self) -> &ReadFlags {
             // SAFETY: the box lives as long as self; the flags are Cells.
             unsafe { &(*self.handle.raw()).extra.flags }
-        }
-
-        /// The stream as libuv knows it, for code that calls libuv itself
-        /// (an opaque pointer).
-        #[inline]
-        pub(crate) fn raw_stream(&self) -> *mut sys::uv_stream_t {
-            self.stream()
         }
 
         /// The core the box keeps alive.
@@ -1047,3 +1034,467 @@ pub(crate) mod resolver {
 }
 
 // ---- end of section: net ----
+
+// ---- section: the loop's own handles: async, prepare, timer, fd poll (eventloop) ----
+
+/// The libuv loop of a `LoopCore` and its own handles, with one owner
+/// ([`LoopHandles`], kept in the loop's `LoopShared`) and one close path;
+/// the GIL's hand-off around the poll; the calls into the loop's clients.
+///
+/// The handles' callbacks find the loop's `LoopShared` in the libuv loop's
+/// `data`, which `LoopShared::run_uv` sets for the length of its `uv_run`
+/// (and clears after): no callback of these handles can run outside it, and
+/// none outlives the state it reaches. A close asked for from inside that
+/// `uv_run` (Python code closing the loop from a protocol callback) waits
+/// for it to return.
+pub(crate) mod eventloop {
+    use std::cell::{Cell, OnceCell};
+    use std::ptr;
+
+    use pyo3::prelude::*;
+
+    use super::{sys, UvHandle, UvLoop};
+    use crate::eventloop::{ClientPtr, LoopShared};
+    use crate::os::eventloop::EpollSet;
+
+    /// How `LoopShared::run_uv` polls.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum RunMode {
+        /// Whatever is ready now.
+        NoWait,
+        /// Blocks until something happens (I/O, a wake-up, the timer).
+        Once,
+    }
+
+    /// The epoll set behind the fd watchers, and libuv's watch on it.
+    struct FdPoll {
+        poll: UvHandle<sys::uv_poll_t>,
+        set: EpollSet,
+        polling: Cell<bool>,
+    }
+
+    struct Inner {
+        uv: UvLoop,
+        /// Wakes the poll for `call_soon_threadsafe`; also keeps the loop
+        /// alive, so an idle `run_forever` blocks instead of spinning.
+        wake: UvHandle<sys::uv_async_t>,
+        /// Releases the GIL right before the poll (unreferenced).
+        prepare: UvHandle<sys::uv_prepare_t>,
+        /// Bounds the poll at the earliest timer deadline (unreferenced); its
+        /// callback is empty, the heap is processed after `uv_run` returns.
+        timer: UvHandle<sys::uv_timer_t>,
+        /// Made at the first `add_reader` / `add_writer`.
+        fds: OnceCell<FdPoll>,
+        /// In `uv_run` (which must not be re-entered).
+        running: Cell<bool>,
+        /// Closed while running: closes when `uv_run` returns.
+        close_asked: Cell<bool>,
+    }
+
+    /// The loop's libuv loop and handles; null once closed. Every method
+    /// takes the GIL token.
+    pub(crate) struct LoopHandles {
+        inner: Cell<*mut Inner>,
+    }
+
+    // SAFETY: the cell and the handles are only reached with the GIL held
+    // (every method takes the token), or by libuv's callbacks on the thread
+    // running `uv_run` (inside `run_uv`, which holds the GIL or handed it
+    // over to nobody else's use of these). uv_async_send, the one call made
+    // from other threads, is thread-safe.
+    unsafe impl Sync for LoopHandles {}
+    // SAFETY: as above; the allocations are not tied to a thread.
+    unsafe impl Send for LoopHandles {}
+
+    impl LoopHandles {
+        /// A new libuv loop with its handles; a libuv error code on failure.
+        pub(crate) fn new() -> Result<Self, i32> {
+            let uv = UvLoop::new()?;
+            let wake = UvHandle::<sys::uv_async_t>::zeroed();
+            let prepare = UvHandle::<sys::uv_prepare_t>::zeroed();
+            let timer = UvHandle::<sys::uv_timer_t>::zeroed();
+            // SAFETY: fresh handles initialised on the fresh loop (prepare and
+            // timer inits cannot fail). If the first init fails, nothing is
+            // on the loop: the handles are freed directly and the loop closed.
+            unsafe {
+                let rc = sys::uv_async_init(uv.raw(), wake.raw(), Some(on_wake));
+                if rc < 0 {
+                    wake.free_uninit();
+                    prepare.free_uninit();
+                    timer.free_uninit();
+                    uv.close();
+                    return Err(rc);
+                }
+                sys::uv_prepare_init(uv.raw(), prepare.raw());
+                sys::uv_unref(prepare.as_handle());
+                sys::uv_timer_init(uv.raw(), timer.raw());
+                sys::uv_unref(timer.as_handle());
+            }
+            let inner = Inner {
+                uv,
+                wake,
+                prepare,
+                timer,
+                fds: OnceCell::new(),
+                running: Cell::new(false),
+                close_asked: Cell::new(false),
+            };
+            Ok(LoopHandles { inner: Cell::new(Box::into_raw(Box::new(inner))) })
+        }
+
+        /// The open loop's handles. A borrow does not outlive the method
+        /// that takes it, and none runs code that could close the loop but
+        /// `run` (which defers the close).
+        #[inline(always)]
+        fn get(&self) -> Option<&Inner> {
+            // SAFETY: null, or the allocation `new` made, freed only by
+            // `close_now`, which no borrow outlives (see above).
+            unsafe { self.inner.get().as_ref() }
+        }
+
+        /// The libuv loop, while open (for the transports' handles, made on
+        /// it in uv.rs).
+        #[inline]
+        pub(crate) fn raw_loop(&self, _py: Python<'_>) -> Option<*mut sys::uv_loop_t> {
+            self.get().map(|i| i.uv.raw())
+        }
+
+        /// Wakes the poll (from any thread).
+        #[inline]
+        pub(crate) fn wake(&self, _py: Python<'_>) {
+            if let Some(i) = self.get() {
+                // SAFETY: an open async handle; uv_async_send is thread-safe.
+                unsafe { sys::uv_async_send(i.wake.raw()) };
+            }
+        }
+
+        /// Makes the current `uv_run` return as soon as it can.
+        #[inline]
+        pub(crate) fn stop(&self, _py: Python<'_>) {
+            if let Some(i) = self.get() {
+                // SAFETY: an open loop.
+                unsafe { sys::uv_stop(i.uv.raw()) };
+            }
+        }
+
+        /// Starts the prepare handle (the GIL's release before each poll);
+        /// false if the loop is closed.
+        pub(crate) fn prepare_start(&self, _py: Python<'_>) -> bool {
+            let Some(i) = self.get() else { return false };
+            // SAFETY: an open prepare handle; its callback finds the loop
+            // state in the loop's data (or nothing).
+            unsafe { sys::uv_prepare_start(i.prepare.raw(), Some(on_prepare)) };
+            true
+        }
+
+        pub(crate) fn prepare_stop(&self, _py: Python<'_>) {
+            if let Some(i) = self.get() {
+                // SAFETY: an open prepare handle.
+                unsafe { sys::uv_prepare_stop(i.prepare.raw()) };
+            }
+        }
+
+        /// Arms the timer to end the poll `delay_ms` from libuv's clock.
+        #[inline]
+        pub(crate) fn timer_start(&self, _py: Python<'_>, delay_ms: u64) {
+            if let Some(i) = self.get() {
+                // SAFETY: an open timer handle with an empty callback.
+                unsafe { sys::uv_timer_start(i.timer.raw(), Some(on_timer), delay_ms, 0) };
+            }
+        }
+
+        /// Whether the timer is armed and has not fired yet.
+        #[inline]
+        pub(crate) fn timer_active(&self, _py: Python<'_>) -> bool {
+            // SAFETY: an open timer handle.
+            self.get().is_some_and(|i| unsafe { sys::uv_is_active(i.timer.as_handle()) } != 0)
+        }
+
+        #[inline]
+        pub(crate) fn timer_stop(&self, _py: Python<'_>) {
+            if let Some(i) = self.get() {
+                // SAFETY: an open timer handle.
+                unsafe { sys::uv_timer_stop(i.timer.raw()) };
+            }
+        }
+
+        /// libuv's clock (ms), refreshed; None once closed.
+        #[inline]
+        pub(crate) fn now_ms(&self, _py: Python<'_>) -> Option<u64> {
+            self.get().map(|i| i.uv.now_ms())
+        }
+
+        /// See `UvLoop::adopt_after_fork`.
+        pub(crate) fn adopt_after_fork(&self, _py: Python<'_>) {
+            if let Some(i) = self.get() {
+                i.uv.adopt_after_fork();
+            }
+        }
+
+        /// Makes the fd watchers' epoll set and libuv's (unreferenced)
+        /// watch on it, if not made yet: a positive errno on failure, or
+        /// EBADF for a closed loop.
+        pub(crate) fn fds_open(&self, _py: Python<'_>) -> Result<(), i32> {
+            let Some(i) = self.get() else { return Err(libc::EBADF) };
+            if i.fds.get().is_some() {
+                return Ok(());
+            }
+            let set = EpollSet::new()?;
+            let poll = UvHandle::<sys::uv_poll_t>::zeroed();
+            // SAFETY: a fresh handle on the open loop, over the set's fd,
+            // which lives as long as the handle (they close together); an
+            // init failure frees it directly.
+            unsafe {
+                let rc = sys::uv_poll_init(i.uv.raw(), poll.raw(), set.raw_fd());
+                if rc < 0 {
+                    poll.free_uninit();
+                    return Err(super::errno_of(rc));
+                }
+                sys::uv_unref(poll.as_handle());
+            }
+            let made = i.fds.set(FdPoll { poll, set, polling: Cell::new(false) });
+            debug_assert!(made.is_ok(), "made once");
+            Ok(())
+        }
+
+        /// The epoll set, once `fds_open` made it. (Private: no borrow of
+        /// the handles leaves this type, so none outlives a close.)
+        #[inline]
+        fn fd_set(&self) -> Option<&EpollSet> {
+            self.get()?.fds.get().map(|f| &f.set)
+        }
+
+        /// `EpollSet::add` on the fd watchers' set (EBADF before
+        /// `fds_open`, or once closed).
+        #[inline]
+        pub(crate) fn fd_add(&self, _py: Python<'_>, fd: i32, events: u32) -> Result<(), i32> {
+            self.fd_set().map_or(Err(libc::EBADF), |s| s.add(fd, events))
+        }
+
+        /// `EpollSet::modify` on the fd watchers' set.
+        #[inline]
+        pub(crate) fn fd_modify(&self, _py: Python<'_>, fd: i32, events: u32) -> Result<(), i32> {
+            self.fd_set().map_or(Err(libc::EBADF), |s| s.modify(fd, events))
+        }
+
+        /// `EpollSet::delete` on the fd watchers' set.
+        #[inline]
+        pub(crate) fn fd_delete(&self, _py: Python<'_>, fd: i32) -> Result<(), i32> {
+            self.fd_set().map_or(Err(libc::EBADF), |s| s.delete(fd))
+        }
+
+        /// `EpollSet::ready` on the fd watchers' set (0 without one).
+        #[inline]
+        pub(crate) fn fds_ready(&self, _py: Python<'_>, events: &mut [libc::epoll_event]) -> usize {
+            self.fd_set().map_or(0, |s| s.ready(events))
+        }
+
+        /// Has libuv watch the epoll set from now on (once).
+        pub(crate) fn fds_watch(&self, _py: Python<'_>) {
+            let Some(f) = self.get().and_then(|i| i.fds.get()) else { return };
+            if f.polling.replace(true) {
+                return;
+            }
+            // SAFETY: an open poll handle; its callback finds the loop state
+            // in the loop's data (or nothing).
+            unsafe { sys::uv_poll_start(f.poll.raw(), sys::uv_poll_event_UV_READABLE as i32, Some(on_fds)) };
+        }
+
+        /// Closes every handle, then the loop (while `run` runs: once it
+        /// returns). Afterwards every method does nothing.
+        pub(crate) fn close(&self, _py: Python<'_>) {
+            let Some(i) = self.get() else { return };
+            if i.running.get() {
+                i.close_asked.set(true);
+                return;
+            }
+            self.close_now();
+        }
+
+        fn close_now(&self) {
+            let raw = self.inner.replace(ptr::null_mut());
+            if raw.is_null() {
+                return;
+            }
+            // SAFETY: the allocation `new` made, no longer reachable through
+            // self, and no borrow of it is live (not running).
+            let inner = unsafe { Box::from_raw(raw) };
+            let Inner { uv, wake, prepare, timer, fds, .. } = *inner;
+            if let Some(f) = fds.into_inner() {
+                // uv_close stops watching the set's fd at once; the fd
+                // closes after.
+                f.poll.close();
+                drop(f.set);
+            }
+            wake.close();
+            prepare.close();
+            timer.close();
+            // SAFETY: every handle of the loop's own is closed; the
+            // transports' and lookups' were closed by their owners first
+            // (the loop's clients), and no method reaches the loop again.
+            unsafe { uv.close() };
+        }
+
+        /// One `uv_run` of the open loop, the callbacks finding `shared` in
+        /// the loop's data; false (nothing run) if closed or already running.
+        #[inline(always)]
+        fn run(&self, shared: &LoopShared, mode: RunMode) -> bool {
+            let Some(i) = self.get() else { return false };
+            if i.running.replace(true) {
+                return false;
+            }
+            let raw = i.uv.raw();
+            let mode = match mode {
+                RunMode::NoWait => sys::uv_run_mode_UV_RUN_NOWAIT,
+                RunMode::Once => sys::uv_run_mode_UV_RUN_ONCE,
+            };
+            // SAFETY: the open loop, not re-entered (`running`), on the
+            // thread holding the GIL. Its handles' callbacks reach `shared`
+            // through its data only while it runs; the GIL the prepare
+            // callback gives away is taken back below at the latest.
+            unsafe {
+                (*raw).data = shared as *const LoopShared as *mut libc::c_void;
+                sys::uv_run(raw, mode);
+                (*raw).data = ptr::null_mut();
+                shared.reacquire_gil();
+            }
+            i.running.set(false);
+            if i.close_asked.get() {
+                self.close_now();
+            }
+            true
+        }
+    }
+
+    impl LoopShared {
+        /// One `uv_run` of the loop (`may_block`: the GIL goes to other
+        /// threads for the poll); false, with nothing run, if the loop is
+        /// closed or already running. Native state must not be borrowed
+        /// (libuv's callbacks borrow it; debug builds check).
+        #[inline(always)]
+        pub(crate) fn run_uv(&self, _py: Python<'_>, mode: RunMode, may_block: bool) -> bool {
+            crate::cell::check_crossing();
+            self.gil().set_release_before_poll(may_block);
+            self.uv().run(self, mode)
+        }
+
+        /// Gives the GIL away for the poll, if the poll may block.
+        ///
+        /// # Safety
+        /// In the prepare callback, inside `run` (the loop's thread, holding
+        /// the GIL; nothing touches Python until it is taken back).
+        #[inline(always)]
+        unsafe fn release_gil_for_poll(&self) {
+            let gil = self.gil();
+            if gil.release_before_poll() && !gil.thread().is_saved() {
+                gil.wait_begins();
+                // SAFETY: per the contract.
+                unsafe { gil.thread().save() };
+            }
+        }
+
+        /// The first step of every libuv callback that touches Python
+        /// objects: takes the GIL back if the poll gave it away, and tells
+        /// the turn that I/O happened.
+        ///
+        /// # Safety
+        /// Called on the loop thread, inside `uv_run`.
+        #[inline(always)]
+        pub(crate) unsafe fn enter_io(&self) -> Python<'_> {
+            // SAFETY: per the contract.
+            let py = unsafe { self.reacquire_gil() };
+            self.io_happened();
+            py
+        }
+
+        /// Takes the GIL back in a libuv callback that saw no I/O (a close
+        /// callback), or after `uv_run`.
+        ///
+        /// # Safety
+        /// As for `enter_io`.
+        #[inline(always)]
+        pub(crate) unsafe fn reacquire_gil(&self) -> Python<'_> {
+            let gil = self.gil();
+            // SAFETY: per the contract, the thread that gave it away (the
+            // prepare callback of this loop's `uv_run`), if any did; then
+            // the GIL is held.
+            unsafe {
+                if gil.thread().restore() {
+                    gil.wait_over(Python::assume_attached());
+                }
+                Python::assume_attached()
+            }
+        }
+    }
+
+    /// The loop state of a loop handle's callback: null outside `run`.
+    ///
+    /// # Safety
+    /// `handle` is a live handle of a loop made by `LoopHandles::new`.
+    #[inline(always)]
+    unsafe fn shared_of<'a, H>(handle: *mut H) -> Option<&'a LoopShared> {
+        // SAFETY: per the contract; the data is set by `run` from a live
+        // reference for the length of uv_run, the only time callbacks run.
+        unsafe {
+            let uv_loop = (*(handle as *mut sys::uv_handle_t)).loop_;
+            ((*uv_loop).data as *const LoopShared).as_ref()
+        }
+    }
+
+    unsafe extern "C" fn on_prepare(handle: *mut sys::uv_prepare_t) {
+        // SAFETY: the loop's prepare handle, inside `run`.
+        unsafe {
+            if let Some(shared) = shared_of(handle) {
+                shared.release_gil_for_poll();
+            }
+        }
+    }
+
+    unsafe extern "C" fn on_wake(handle: *mut sys::uv_async_t) {
+        // SAFETY: the loop's async handle, inside `run` (maybe without the
+        // GIL: `woken` only counts, atomically).
+        if let Some(shared) = unsafe { shared_of(handle) } {
+            shared.woken();
+        }
+    }
+
+    unsafe extern "C" fn on_timer(_handle: *mut sys::uv_timer_t) {}
+
+    unsafe extern "C" fn on_fds(handle: *mut sys::uv_poll_t, _status: i32, _events: i32) {
+        // SAFETY: the loop's fd poll, inside `run`, on the loop's thread.
+        unsafe {
+            if let Some(shared) = shared_of(handle) {
+                let py = shared.enter_io();
+                shared.fds_ready(py);
+            }
+        }
+    }
+
+    /// `client.before_poll`, at the end of the turn; `keep_alive` is the
+    /// client's object, kept alive until then (`LoopShared::before_poll`).
+    #[inline]
+    pub(crate) fn client_before_poll(py: Python<'_>, client: ClientPtr, keep_alive: &Py<PyAny>) -> PyResult<()> {
+        let _ = keep_alive;
+        // SAFETY: ClientPtr's contract: a client asking for before_poll is
+        // kept alive by `keep_alive` until it ran.
+        unsafe { (*client.0).before_poll(py) }
+    }
+
+    /// `client.close_with_loop`, for a client registered at the loop's close.
+    pub(crate) fn client_close_with_loop(py: Python<'_>, client: ClientPtr) {
+        // SAFETY: ClientPtr's contract: a registered client is alive (it
+        // unregisters before it is freed).
+        unsafe { (*client.0).close_with_loop(py) }
+    }
+
+    // SAFETY: the loop thread's cells (`io_seen`, `turns`, `poll_wanted`, the
+    // GIL hand-off) are only touched on the loop's thread, inside uv_run and
+    // around it; the state is in a NativeCell and the libuv handles in
+    // LoopHandles (GIL held); the stats' counters are touched with the GIL
+    // held, but for `wakeups`, an atomic.
+    unsafe impl Sync for LoopShared {}
+    // SAFETY: as above.
+    unsafe impl Send for LoopShared {}
+}
+
+// ---- end of section: eventloop ----

@@ -445,3 +445,68 @@ def test_base_exception_from_coroutine_propagates(loop, exc_type):
             loop.run_until_complete(coro())
     assert not loop.is_running()
     assert run(loop, asyncio.sleep(0, "ok")) == "ok"
+
+
+def test_loop_driven_by_hand_inside_its_own_poll_refuses():
+    # A protocol callback runs inside the loop's poll (uv_run): driving the
+    # same loop from there is refused, not a re-entered uv_run; the loop
+    # goes on afterwards.
+    import socket
+
+    import zuvrs
+
+    loop = zuvrs.new_event_loop()
+    a, b = socket.socketpair()
+    seen = []
+
+    class Proto(asyncio.Protocol):
+        def data_received(self, data):
+            try:
+                loop._run_once()
+            except RuntimeError as e:
+                seen.append(str(e))
+            else:
+                seen.append("ran")
+
+    try:
+        transport, _ = loop.run_until_complete(loop.create_unix_connection(Proto, sock=a))
+        b.sendall(b"x")
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            loop.run_until_complete(asyncio.sleep(0.01))
+        assert seen == ["the event loop is already polling"]
+        transport.close()
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        b.close()
+        loop.close()
+
+
+def test_loop_closed_inside_its_own_poll_closes_after_it():
+    # close() from a protocol callback of a loop driven by hand (so not
+    # "running"): libuv's loop is freed once its poll has returned.
+    import socket
+
+    import zuvrs
+
+    loop = zuvrs.new_event_loop()
+    a, b = socket.socketpair()
+    closed = []
+
+    class Proto(asyncio.Protocol):
+        def data_received(self, data):
+            loop.close()
+            closed.append(loop.is_closed())
+
+    try:
+        loop.run_until_complete(loop.create_unix_connection(Proto, sock=a))
+        b.sendall(b"x")
+        deadline = time.monotonic() + 5
+        while not closed and time.monotonic() < deadline:
+            loop._run_once()
+        assert closed == [True]
+        with pytest.raises(RuntimeError):
+            loop._run_once()
+    finally:
+        b.close()
+        loop.close()

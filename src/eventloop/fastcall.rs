@@ -4,20 +4,205 @@
 //! These run once per scheduled callback, so they skip pyo3's generic
 //! argument handling: positional arguments are read straight from the
 //! vectorcall array into the handle, and the only keyword, `context`, is
-//! matched by hand.
+//! matched by hand. `FastArgs` is the arguments' safe view for the other
+//! fast methods (tasks.rs), with `vectorcall` to pass them on.
 
 use std::ffi::CStr;
+use std::marker::PhantomData;
 use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::types::{PyString, PyTuple};
 use pyo3::Borrowed;
+use smallvec::SmallVec;
 
-use super::args::FastArgs;
 use super::{LoopCore, LoopShared};
 use crate::handles::{Callback, Handle, HandleState, HasState, Ready, TimerHandle};
 use crate::python;
+
+/// A `"context"` string that is not the interned one: asyncio's C Task and
+/// Future pass their own (`Py_BuildValue`) for every callback they
+/// schedule, which identity then recognises without comparing text. It is
+/// kept alive (one reference, never released) so that its address cannot
+/// be reused by another object.
+static CONTEXT_ALIAS: AtomicPtr<ffi::PyObject> = AtomicPtr::new(ptr::null_mut());
+
+/// Whether `name` spells "context"; remembers the first such object that
+/// is not the interned string as `CONTEXT_ALIAS`.
+#[cold]
+unsafe fn is_context_alias(name: *mut ffi::PyObject) -> bool {
+    // SAFETY: `name` is a live str (a keyword name the interpreter passed).
+    unsafe {
+        if ffi::PyUnicode_CompareWithASCIIString(name, c"context".as_ptr()) != 0 {
+            return false;
+        }
+        // Exact str only: a subclass could change under us. The GIL
+        // serialises this store.
+        if ffi::PyUnicode_CheckExact(name) != 0 && CONTEXT_ALIAS.load(Ordering::Relaxed).is_null() {
+            ffi::Py_INCREF(name);
+            CONTEXT_ALIAS.store(name, Ordering::Relaxed);
+        }
+        true
+    }
+}
+
+/// Where a call's arguments are, as vectorcall passes them: made only by
+/// the entry points below, from the interpreter's arguments, which stay
+/// alive for the call (`'a`).
+pub(super) struct FastArgs<'a> {
+    args: *const *mut ffi::PyObject,
+    nargs: usize,
+    /// NULL, or a tuple of str: the keyword arguments' names.
+    kwnames: *mut ffi::PyObject,
+    _call: PhantomData<&'a ()>,
+}
+
+impl<'a> FastArgs<'a> {
+    /// The arguments of a vectorcall.
+    ///
+    /// # Safety
+    /// As the interpreter passes them to a METH_FASTCALL | METH_KEYWORDS
+    /// method, alive for `'a`.
+    #[inline(always)]
+    unsafe fn new(args: *const *mut ffi::PyObject, nargsf: ffi::Py_ssize_t, kwnames: *mut ffi::PyObject) -> Self {
+        // SAFETY: a plain computation on the count.
+        let nargs = unsafe { ffi::PyVectorcall_NARGS(nargsf as usize) } as usize;
+        FastArgs { args, nargs, kwnames, _call: PhantomData }
+    }
+
+    /// Number of positional arguments.
+    #[inline]
+    pub(super) fn nargs(&self) -> usize {
+        self.nargs
+    }
+
+    /// Number of keyword arguments.
+    #[inline]
+    pub(super) fn nkw(&self) -> usize {
+        if self.kwnames.is_null() {
+            0
+        } else {
+            // SAFETY: kwnames is a live tuple when not null (vectorcall's contract).
+            unsafe { ffi::PyTuple_GET_SIZE(self.kwnames) as usize }
+        }
+    }
+
+    /// True if every keyword name is one of `allowed`.
+    pub(super) fn keywords_within(&self, allowed: &[&str]) -> bool {
+        // SAFETY: i < the tuple's size; its items are live str objects.
+        (0..self.nkw()).all(|i| unsafe {
+            let name = ffi::PyTuple_GET_ITEM(self.kwnames, i as ffi::Py_ssize_t);
+            let mut size: ffi::Py_ssize_t = 0;
+            let p = ffi::PyUnicode_AsUTF8AndSize(name, &mut size);
+            if p.is_null() {
+                ffi::PyErr_Clear();
+                return false;
+            }
+            let s = std::slice::from_raw_parts(p as *const u8, size as usize);
+            allowed.iter().any(|a| a.as_bytes() == s)
+        })
+    }
+
+    /// The `context=` keyword (None when absent or None); any other keyword
+    /// is a TypeError naming `method`, as for a Python function.
+    pub(super) fn context(&self, py: Python<'_>, method: &str) -> PyResult<Option<*mut ffi::PyObject>> {
+        // SAFETY: vectorcall's contract: kwnames' values follow the positional arguments.
+        unsafe {
+            if self.kwnames.is_null() {
+                return Ok(None);
+            }
+            let n = ffi::PyTuple_GET_SIZE(self.kwnames) as usize;
+            // Keyword names from Python code are interned: try identity
+            // first, then the other "context" object seen before.
+            let interned = pyo3::intern!(py, "context").as_ptr();
+            let mut ctx = None;
+            for i in 0..n {
+                let name = ffi::PyTuple_GET_ITEM(self.kwnames, i as ffi::Py_ssize_t);
+                if name == interned || name == CONTEXT_ALIAS.load(Ordering::Relaxed) || is_context_alias(name) {
+                    let v = *self.args.add(self.nargs + i);
+                    ctx = if v == ffi::Py_None() { None } else { Some(v) };
+                } else {
+                    let name = Bound::from_borrowed_ptr(py, name).cast_into::<PyString>()?;
+                    return Err(PyTypeError::new_err(format!(
+                        "{method}() got an unexpected keyword argument '{name}'"
+                    )));
+                }
+            }
+            Ok(ctx)
+        }
+    }
+
+    /// The i-th argument (positional first, then keyword values).
+    ///
+    /// # Safety
+    /// i < nargs + nkw.
+    #[inline]
+    unsafe fn arg(&self, i: usize) -> *mut ffi::PyObject {
+        // SAFETY: the caller passes i < nargs + nkw (this function's contract).
+        unsafe { *self.args.add(i) }
+    }
+
+    /// The i-th argument (positional first, then keyword values), borrowed
+    /// for the call.
+    #[inline]
+    pub(super) fn object<'py>(&self, py: Python<'py>, i: usize) -> Borrowed<'a, 'py, PyAny> {
+        assert!(i < self.nargs + self.nkw(), "argument {i} out of range");
+        // SAFETY: in range; the interpreter's arguments live for the call.
+        unsafe { Borrowed::from_ptr(py, self.arg(i)) }
+    }
+
+    /// The keyword names (an empty tuple when there are none).
+    #[inline]
+    pub(super) fn kwnames<'py>(&self, py: Python<'py>) -> Option<Borrowed<'a, 'py, PyTuple>> {
+        // SAFETY: NULL or a live tuple, for the call.
+        (!self.kwnames.is_null()).then(|| unsafe { Borrowed::from_ptr(py, self.kwnames).cast_unchecked() })
+    }
+
+    /// `callable(slf, *args, **kwargs)` with this call's arguments.
+    pub(super) fn call_with_self<'py>(
+        &self,
+        callable: &Bound<'py, PyAny>,
+        slf: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = callable.py();
+        let mut all: Vec<Borrowed<'_, 'py, PyAny>> = Vec::with_capacity(self.nargs + self.nkw() + 1);
+        all.push(slf.as_borrowed());
+        all.extend((0..self.nargs + self.nkw()).map(|i| self.object(py, i)));
+        vectorcall(callable, &all, self.kwnames(py).as_deref())
+    }
+}
+
+/// `callable(*positional, **keywords)`, the keywords' values being the last
+/// `kwnames.len()` of `args` (vectorcall's convention, no dict made). A
+/// keyword name that is not a str is a TypeError.
+pub(super) fn vectorcall<'py>(
+    callable: &Bound<'py, PyAny>,
+    args: &[Borrowed<'_, 'py, PyAny>],
+    kwnames: Option<&Bound<'py, PyTuple>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = callable.py();
+    let nkw = kwnames.map_or(0, |k| k.len());
+    if nkw > args.len() {
+        return Err(PyTypeError::new_err("more keyword names than arguments"));
+    }
+    if let Some(names) = kwnames {
+        if names.iter_borrowed().any(|n| !n.is_exact_instance_of::<PyString>()) {
+            return Err(PyTypeError::new_err("keywords must be strings"));
+        }
+    }
+    let ptrs: SmallVec<[*mut ffi::PyObject; 8]> = args.iter().map(|a| a.as_ptr()).collect();
+    let names = kwnames.map_or(ptr::null_mut(), |k| k.as_ptr());
+    // SAFETY: GIL held; live arguments, of which the last nkw are the values
+    // of the str keywords in `names`; a new reference or NULL with the error
+    // set.
+    unsafe {
+        let r = ffi::PyObject_Vectorcall(callable.as_ptr(), ptrs.as_ptr(), args.len() - nkw, names);
+        Bound::from_owned_ptr_or_err(py, r)
+    }
+}
 
 fn missing(method: &str, what: &str) -> PyErr {
     PyTypeError::new_err(format!("{method}() missing 1 required positional argument: '{what}'"))
@@ -227,9 +412,38 @@ macro_rules! fast_entry {
             // SAFETY: CPython calls a method descriptor with the GIL held and vectorcall's arguments.
             unsafe {
                 let py = Python::assume_attached();
-                let a = FastArgs { args, nargs: ffi::PyVectorcall_NARGS(nargsf as usize) as usize, kwnames };
+                let a = FastArgs::new(args, nargsf, kwnames);
                 match $imp(py, slf, &a, $flag) {
                     Ok(p) => p,
+                    Err(e) => {
+                        e.restore(py);
+                        ptr::null_mut()
+                    }
+                }
+            }
+        }
+    };
+}
+
+/// An entry point calling a safe method body: `$imp(py, slf, shared, args)`.
+macro_rules! safe_entry {
+    ($name:ident, $imp:path) => {
+        unsafe extern "C" fn $name(
+            slf: *mut ffi::PyObject,
+            args: *const *mut ffi::PyObject,
+            nargsf: ffi::Py_ssize_t,
+            kwnames: *mut ffi::PyObject,
+        ) -> *mut ffi::PyObject {
+            // SAFETY: CPython calls a method descriptor of LoopCore with the
+            // GIL held, an instance of LoopCore (it checks the type) and
+            // vectorcall's arguments.
+            unsafe {
+                let py = Python::assume_attached();
+                let a = FastArgs::new(args, nargsf, kwnames);
+                let obj = Borrowed::from_ptr(py, slf);
+                let shared = obj.cast_unchecked::<LoopCore>().get().shared();
+                match $imp(py, &obj, shared, &a) {
+                    Ok(r) => r.into_ptr(),
                     Err(e) => {
                         e.restore(py);
                         ptr::null_mut()
@@ -244,10 +458,8 @@ fast_entry!(call_soon, soon, false);
 fast_entry!(call_soon_threadsafe, soon, true);
 fast_entry!(call_later, at, true);
 fast_entry!(call_at, at, false);
-fast_entry!(create_task, tasks_create_task, false);
-fast_entry!(create_future, tasks_create_future, false);
-
-use super::tasks::{create_future as tasks_create_future, create_task as tasks_create_task};
+safe_entry!(create_task, super::tasks::create_task);
+safe_entry!(create_future, super::tasks::create_future);
 
 const FLAGS: i32 = ffi::METH_FASTCALL | ffi::METH_KEYWORDS;
 

@@ -4,7 +4,7 @@
 //! handle (run by libuv just before it polls) releases it, and the first
 //! libuv callback after the poll, or the return from `uv_run`, takes it back.
 //! So it is released and retaken once per turn, never per callback, and
-//! libuv callbacks that touch Python objects call [`GilHandoff::reacquire`]
+//! libuv callbacks that touch Python objects call `LoopShared::enter_io`
 //! first.
 //!
 //! While the loop's stats are on, the time between the release and the
@@ -16,15 +16,18 @@
 //! asyncio's when the handler runs between two callbacks.
 
 use std::cell::Cell;
-use std::ptr;
 
-use pyo3::{ffi, PyErr, Python};
+use pyo3::{PyErr, Python};
 
 use super::stats;
+use crate::capi::eventloop::SavedThread;
 
+/// The hand-off's state. The GIL itself is given away and taken back in
+/// uv.rs (`LoopShared::reacquire_gil` and the prepare callback), through
+/// `SavedThread`; this keeps what goes with it.
 pub(crate) struct GilHandoff {
-    /// The loop thread's state while it does not hold the GIL; null otherwise.
-    saved: Cell<*mut ffi::PyThreadState>,
+    /// The loop thread's state while it does not hold the GIL.
+    thread: SavedThread,
     /// Whether the coming poll may block (only then is the GIL released).
     release_before_poll: Cell<bool>,
     /// What a Python signal handler raised when the GIL came back.
@@ -39,13 +42,19 @@ pub(crate) struct GilHandoff {
 impl GilHandoff {
     pub(crate) fn new() -> Self {
         GilHandoff {
-            saved: Cell::new(ptr::null_mut()),
+            thread: SavedThread::new(),
             release_before_poll: Cell::new(true),
             signal_error: Cell::new(None),
             timing: Cell::new(false),
             wait_began: Cell::new(0),
             waited: Cell::new(0),
         }
+    }
+
+    /// The saved thread state (uv.rs releases and restores it).
+    #[inline(always)]
+    pub(crate) fn thread(&self) -> &SavedThread {
+        &self.thread
     }
 
     pub(crate) fn set_timing(&self, on: bool) {
@@ -73,58 +82,35 @@ impl GilHandoff {
         self.release_before_poll.set(release);
     }
 
-    /// Called by the prepare handle right before the poll.
-    ///
-    /// # Safety
-    /// As for [`GilHandoff::release`].
-    #[inline]
-    pub(crate) unsafe fn before_poll(&self) {
-        if self.release_before_poll.get() {
-            // SAFETY: the caller's contract, as for release().
-            unsafe { self.release() }
+    /// Whether the poll about to begin may block, so the GIL goes.
+    #[inline(always)]
+    pub(crate) fn release_before_poll(&self) -> bool {
+        self.release_before_poll.get()
+    }
+
+    /// The GIL is about to be given away for the poll.
+    #[inline(always)]
+    pub(crate) fn wait_begins(&self) {
+        if self.timing.get() {
+            self.wait_began.set(stats::now().max(1));
         }
     }
 
-    /// Releases the GIL if this thread holds it through the loop.
-    ///
-    /// # Safety
-    /// Called on the loop thread, from inside `uv_run`, with no Python
-    /// reference borrowed across the release.
-    #[inline]
-    pub(crate) unsafe fn release(&self) {
-        if self.saved.get().is_null() {
-            if self.timing.get() {
-                self.wait_began.set(stats::now().max(1));
-            }
-            // SAFETY: the caller's contract: the loop thread, holding the GIL, no borrowed references.
-            self.saved.set(unsafe { ffi::PyEval_SaveThread() });
+    /// The GIL is back after the poll: the wait's time, and the Python
+    /// signal handlers of signals that came meanwhile.
+    #[inline(always)]
+    pub(crate) fn wait_over(&self, py: Python<'_>) {
+        let began = self.wait_began.replace(0);
+        if began != 0 {
+            self.wait_ended(began);
+        }
+        if let Err(err) = py.check_signals() {
+            let first = self.signal_error.take();
+            self.signal_error.set(first.or(Some(err)));
         }
     }
 
-    /// Takes the GIL back if [`GilHandoff::release`] gave it away.
-    ///
-    /// # Safety
-    /// Called on the loop thread.
-    #[inline]
-    pub(crate) unsafe fn reacquire(&self) {
-        let saved = self.saved.replace(ptr::null_mut());
-        if !saved.is_null() {
-            // SAFETY: `saved` is this thread's state, saved by release().
-            unsafe { ffi::PyEval_RestoreThread(saved) };
-            let began = self.wait_began.replace(0);
-            if began != 0 {
-                self.wait_ended(began);
-            }
-            // SAFETY: the GIL is held again.
-            let py = unsafe { Python::assume_attached() };
-            if let Err(err) = py.check_signals() {
-                let first = self.signal_error.take();
-                self.signal_error.set(first.or(Some(err)));
-            }
-        }
-    }
-
-    /// A timed wait that began at `began` is over (kept out of `reacquire`,
+    /// A timed wait that began at `began` is over (kept out of `wait_over`,
     /// which is inlined into every libuv callback).
     #[cold]
     #[inline(never)]

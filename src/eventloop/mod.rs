@@ -9,7 +9,8 @@
 //! - turn.rs: one turn of the loop (poll, due timers, ready callbacks)
 //! - timers.rs: the timer heap behind the single libuv timer
 //! - fdwatch.rs: add_reader / add_writer, a selector inside the loop
-//! - fastcall.rs, args.rs: call_soon and friends as vectorcall methods
+//! - fastcall.rs: call_soon and friends as vectorcall methods (and the
+//!   safe view of vectorcall arguments tasks.rs uses)
 //! - tasks.rs: create_task / create_future without a Python frame
 //! - gil.rs: handing the GIL to other threads around the poll
 //! - clients.rs: the trait through which native objects living on the loop
@@ -20,7 +21,6 @@
 //! The state other code reaches is `LoopShared`: boxed, so that libuv's
 //! handles can point at it, and held by the `LoopCore` for the loop's life.
 
-mod args;
 mod clients;
 mod fastcall;
 mod fdwatch;
@@ -37,12 +37,14 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::capi::eventloop::{callback_func, ready_object, repeating_state, traverse_ready};
 use crate::cell::NativeCell;
 use crate::errors::{closed_error, uv_error};
 use crate::handles::context::ContextCache;
-use crate::handles::{let_go, Callback, Handle, HandleState, HasState, Ready};
+use crate::handles::{let_go, Callback, Handle, HasState, Ready};
 use crate::python;
-use crate::uv::{sys, UvHandle, UvLoop};
+use crate::uv::eventloop::{client_before_poll, client_close_with_loop, LoopHandles};
+use crate::uv::sys;
 use clients::Clients;
 pub(crate) use clients::{ClientPtr, LoopClient};
 pub(crate) use fastcall::install_fast_methods;
@@ -55,9 +57,7 @@ use timers::TimerHeap;
 /// libuv's `uv_now`.
 #[inline]
 pub(crate) fn monotonic() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let ts = crate::os::eventloop::monotonic_timespec();
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
@@ -98,17 +98,8 @@ pub(crate) fn warn_if_slow_io(py: Python<'_>, loop_obj: &Bound<'_, PyAny>, trans
     }
 }
 
-/// libuv resources of an open loop.
+/// What an open loop keeps besides its libuv handles (`LoopShared::uv`).
 struct UvParts {
-    uv: UvLoop,
-    /// Wakes the poll for `call_soon_threadsafe`; also keeps the loop alive so
-    /// an idle `run_forever` blocks instead of spinning.
-    wake: UvHandle<sys::uv_async_t>,
-    /// Releases the GIL right before the poll.
-    prepare: UvHandle<sys::uv_prepare_t>,
-    /// Bounds the poll at the earliest timer deadline; its callback is empty,
-    /// the heap is processed after `uv_run` returns.
-    timer: UvHandle<sys::uv_timer_t>,
     /// Deadline the uv timer is armed for (NaN when not armed).
     armed_for: f64,
     fds: Option<FdWatchers>,
@@ -149,45 +140,37 @@ pub(crate) struct LoopShared {
     state: NativeCell<LoopState>,
     /// The loop's metrics (`loop.stats()`).
     pub(crate) stats: LoopStats,
+    /// The libuv loop and its own handles (outside the state's cell: its
+    /// `uv_run` runs callbacks that borrow the state).
+    uv: LoopHandles,
 }
 
-// SAFETY: `gil`, `io_seen`, `turns` and `poll_wanted` are only touched on the
-// loop's thread (inside uv_run and around it); the state is in a NativeCell;
-// the stats' counters are touched with the GIL held, but for `wakeups`, an
-// atomic.
-unsafe impl Sync for LoopShared {}
-// SAFETY: as above.
-unsafe impl Send for LoopShared {}
+// (LoopShared is Sync and Send by the argument next to LoopHandles, in uv.rs.)
 
 impl LoopShared {
-    /// The first step of every libuv callback that touches Python objects:
-    /// takes the GIL back if the poll gave it away, and tells the turn that
-    /// I/O happened.
-    ///
-    /// # Safety
-    /// Called on the loop thread, inside `uv_run`.
-    #[inline]
-    pub(crate) unsafe fn enter_io(&self) -> Python<'_> {
-        // SAFETY: per the contract.
-        unsafe { self.gil.reacquire() };
-        self.io_seen.set(true);
-        LoopStats::add(&self.stats.io_events, 1);
-        // SAFETY: the GIL is held now.
-        unsafe { Python::assume_attached() }
+    /// The GIL's hand-off around the poll (for uv.rs).
+    #[inline(always)]
+    pub(crate) fn gil(&self) -> &GilHandoff {
+        &self.gil
     }
 
-    /// Takes the GIL back in a libuv callback that saw no I/O (a close
-    /// callback).
-    ///
-    /// # Safety
-    /// As for `enter_io`.
+    /// The libuv loop and its handles.
+    #[inline(always)]
+    pub(crate) fn uv(&self) -> &LoopHandles {
+        &self.uv
+    }
+
+    /// A libuv callback saw I/O during this poll.
+    #[inline(always)]
+    pub(crate) fn io_happened(&self) {
+        self.io_seen.set(true);
+        LoopStats::add(&self.stats.io_events, 1);
+    }
+
+    /// The wake-up handle fired (maybe without the GIL: an atomic).
     #[inline]
-    pub(crate) unsafe fn reacquire_gil(&self) -> Python<'_> {
-        // SAFETY: per the contract.
-        unsafe {
-            self.gil.reacquire();
-            Python::assume_attached()
-        }
+    pub(crate) fn woken(&self) {
+        self.stats.wakeups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The number of the current turn.
@@ -210,7 +193,7 @@ impl LoopShared {
 
     /// The libuv loop, while open.
     pub(crate) fn uv_loop(&self, py: Python<'_>) -> PyResult<*mut sys::uv_loop_t> {
-        self.state.with(py, |st| st.uv.as_ref().map(|p| p.uv.raw())).ok_or_else(closed_error)
+        self.uv.raw_loop(py).ok_or_else(closed_error)
     }
 
     /// Stops the current `uv_run` and keeps `err` to raise from run_forever.
@@ -219,11 +202,8 @@ impl LoopShared {
             if st.pending_error.is_none() {
                 st.pending_error = Some(err);
             }
-            if let Some(parts) = &st.uv {
-                // SAFETY: the loop is open.
-                unsafe { sys::uv_stop(parts.uv.raw()) };
-            }
-        })
+        });
+        self.uv.stop(py);
     }
 
     /// True while run_forever runs this loop.
@@ -264,8 +244,7 @@ impl LoopShared {
                 return Ok(());
             }
             for (keep_alive, client) in due {
-                // SAFETY: keep_alive holds the client's object.
-                let result = unsafe { (*client.0).before_poll(py) };
+                let result = client_before_poll(py, client, &keep_alive);
                 drop(keep_alive);
                 if let Err(err) = result {
                     if crate::errors::is_fatal_base(py, &err) {
@@ -285,12 +264,7 @@ impl LoopShared {
 
     /// Wakes the loop from another thread.
     fn wake(&self, py: Python<'_>) {
-        self.state.with(py, |st| {
-            if let Some(parts) = &st.uv {
-                // SAFETY: uv_async_send is the one libuv call safe from any thread.
-                unsafe { sys::uv_async_send(parts.wake.raw()) };
-            }
-        })
+        self.uv.wake(py)
     }
 
     fn check_open(&self, py: Python<'_>) -> PyResult<()> {
@@ -318,26 +292,14 @@ impl LoopShared {
         args: &Bound<'_, PyTuple>,
     ) -> PyResult<Py<Handle>> {
         let side = if write { Side::Write } else { Side::Read };
-        // SAFETY: a new reference or NULL; the callback's references are
-        // taken by Callback::new from a live tuple.
-        let handle = unsafe {
-            // Runs many times in one context of its own, as in asyncio.
-            let ctx = pyo3::ffi::PyContext_CopyCurrent();
-            if ctx.is_null() {
-                return Err(PyErr::fetch(py));
-            }
-            let items = (*(args.as_ptr() as *mut pyo3::ffi::PyTupleObject)).ob_item.as_ptr();
-            let cb = Callback::new(callback.as_ptr(), items, args.len());
-            Handle::create(py, HandleState::new(cb, ctx, false, true))?.unbind()
-        };
-        let me = self as *const LoopShared;
+        // Runs many times in one context of its own, as in asyncio.
+        let handle = Handle::create(py, repeating_state(py, callback, args)?)?.unbind();
+        let uv = &self.uv;
         let result = self.state.with(py, |st| {
             let parts = st.uv.as_mut().ok_or(None)?;
-            if parts.fds.is_none() {
-                parts.fds = Some(FdWatchers::new(parts.uv.raw(), me).map_err(Some)?);
-            }
-            let fds = parts.fds.as_mut().expect("created");
-            fds.set(fd, side, handle.clone_ref(py)).map_err(Some)
+            uv.fds_open(py).map_err(Some)?;
+            let fds = parts.fds.get_or_insert_with(FdWatchers::new);
+            fds.set(py, uv, fd, side, handle.clone_ref(py)).map_err(Some)
         });
         match result {
             Ok(old) => {
@@ -470,7 +432,8 @@ impl LoopShared {
     /// Removes the reader or writer of `fd`; True if there was one.
     pub(crate) fn clear_fd_handler(&self, py: Python<'_>, fd: i32, write: bool) -> bool {
         let side = if write { Side::Write } else { Side::Read };
-        let old = self.state.with(py, |st| st.uv.as_mut()?.fds.as_mut()?.clear(fd, side));
+        let uv = &self.uv;
+        let old = self.state.with(py, |st| st.uv.as_mut()?.fds.as_mut()?.clear(py, uv, fd, side));
         match old {
             Some(h) => {
                 h.get().cancel_now(py);
@@ -488,25 +451,6 @@ pub struct LoopCore {
     shared: Box<LoopShared>,
 }
 
-unsafe extern "C" fn on_prepare(handle: *mut sys::uv_prepare_t) {
-    // SAFETY: data is the loop, alive while its handles are.
-    unsafe {
-        let shared = &*((*handle).data as *const LoopShared);
-        shared.gil.before_poll();
-    }
-}
-
-unsafe extern "C" fn on_wake(handle: *mut sys::uv_async_t) {
-    // SAFETY: data is the loop, alive while its handles are; the counter is
-    // an atomic (the GIL may be released here).
-    unsafe {
-        let shared = &*((*handle).data as *const LoopShared);
-        shared.stats.wakeups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-unsafe extern "C" fn on_timer(_handle: *mut sys::uv_timer_t) {}
-
 impl LoopCore {
     /// What transports and lookups reach of the loop.
     #[inline]
@@ -523,7 +467,7 @@ impl LoopCore {
             let ready: Vec<Ready> = st.ready.drain(..).collect();
             st.ready.shrink_to_fit();
             let cancelled = st.timers.book().cancelled_total.get();
-            (ready, st.timers.drain(), st.ctx_cache.take(), cancelled, st.future_kwargs.take())
+            (ready, st.timers.drain(), st.ctx_cache.take(py), cancelled, st.future_kwargs.take())
         });
         drop(kwargs);
         for r in ready {
@@ -535,10 +479,7 @@ impl LoopCore {
             let_go(t);
         }
         self.shared.state.with(py, |st| st.timers.book().cancelled_total.set(cancelled));
-        if !snapshot.is_null() {
-            // SAFETY: the cache owned this reference.
-            unsafe { pyo3::ffi::Py_DECREF(snapshot) };
-        }
+        drop(snapshot);
     }
 
     /// Closes libuv and everything on it (close(), or a loop collected
@@ -548,11 +489,7 @@ impl LoopCore {
     /// In a forked child, gives the libuv loop kernel objects of its own
     /// (see `UvLoop::adopt_after_fork`); nothing in the parent's.
     fn adopt_after_fork(&self, py: Python<'_>) {
-        self.shared.state.with(py, |st| {
-            if let Some(parts) = st.uv.as_mut() {
-                parts.uv.adopt_after_fork();
-            }
-        })
+        self.shared.uv.adopt_after_fork(py)
     }
 
     fn free_core(&self, py: Python<'_>) {
@@ -562,23 +499,18 @@ impl LoopCore {
             st.clients.take_all()
         });
         for client in clients {
-            // SAFETY: a registered client is alive (see ClientPtr).
-            unsafe { (*client.0).close_with_loop(py) };
+            client_close_with_loop(py, client);
         }
         let (parts, more) = self.shared.state.with(py, |st| (st.uv.take(), st.clients.take_all()));
         debug_assert!(more.0.is_empty(), "a client registered while the loop closed");
         let mut handlers = Vec::new();
         if let Some(mut parts) = parts {
             if let Some(mut fds) = parts.fds.take() {
-                handlers.extend(fds.take_all());
-                fds.close();
+                handlers.extend(fds.take_all(py, &self.shared.uv));
             }
-            parts.wake.close();
-            parts.prepare.close();
-            parts.timer.close();
-            // SAFETY: every handle of this loop was closed above.
-            unsafe { parts.uv.close() };
         }
+        // Every handle of the loop's own, then the loop.
+        self.shared.uv.close(py);
         for h in handlers {
             h.get().cancel_now(py);
             let_go(h);
@@ -594,9 +526,7 @@ impl LoopCore {
 /// handle does), then lets go of it.
 fn report_callback_error(slf: &Bound<'_, PyAny>, item: &Ready, cb: &Callback, err: PyErr) -> PyResult<()> {
     let py = slf.py();
-    // SAFETY: the queue item and the callback hold these objects.
-    let (handle, func) =
-        unsafe { (Bound::from_borrowed_ptr(py, item.as_ptr()), Bound::from_borrowed_ptr(py, cb.func())) };
+    let (handle, func) = (ready_object(py, item), callback_func(py, cb));
     let shown = item.with_state(py, |c| c.show_callback(cb));
     let res = python::call_method(
         slf,
@@ -615,14 +545,14 @@ impl LoopCore {
     #[new]
     #[pyo3(signature = (*_args, **_kwargs))]
     fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
-        let uv = UvLoop::new().map_err(uv_error)?;
+        let uv = LoopHandles::new().map_err(uv_error)?;
         let shared = Box::new(LoopShared {
             gil: GilHandoff::new(),
             io_seen: Cell::new(false),
             turns: Cell::new(0),
             poll_wanted: Cell::new(false),
             state: NativeCell::new(LoopState {
-                uv: None,
+                uv: Some(UvParts { armed_for: f64::NAN, fds: None }),
                 ready: VecDeque::with_capacity(1024),
                 timers: TimerHeap::new(),
                 ctx_cache: ContextCache::new(),
@@ -636,30 +566,8 @@ impl LoopCore {
                 future_kwargs: None,
             }),
             stats: LoopStats::new(),
+            uv,
         });
-        let sp: *const LoopShared = &*shared;
-        // SAFETY: each handle is initialised on the fresh loop; their data
-        // points at the boxed LoopShared, which outlives them (free_core).
-        unsafe {
-            let wake = UvHandle::<sys::uv_async_t>::zeroed();
-            let rc = sys::uv_async_init(uv.raw(), wake.raw(), Some(on_wake));
-            if rc < 0 {
-                wake.free_uninit();
-                uv.close();
-                return Err(uv_error(rc));
-            }
-            wake.set_data(sp);
-            let prepare = UvHandle::<sys::uv_prepare_t>::zeroed();
-            sys::uv_prepare_init(uv.raw(), prepare.raw());
-            sys::uv_unref(prepare.as_handle());
-            prepare.set_data(sp);
-            let timer = UvHandle::<sys::uv_timer_t>::zeroed();
-            sys::uv_timer_init(uv.raw(), timer.raw());
-            sys::uv_unref(timer.as_handle());
-            let parts = UvParts { uv, wake, prepare, timer, armed_for: f64::NAN, fds: None };
-            // No other reference to the state exists yet.
-            Python::attach(|py| shared.state.with(py, |st| st.uv = Some(parts)));
-        }
         Ok(LoopCore { shared })
     }
 
@@ -745,10 +653,7 @@ impl LoopCore {
     /// ignored: asyncio's constructor and close() reset their own copy.
     #[getter(_ready)]
     fn get_ready(&self, py: Python<'_>) -> Vec<Py<PyAny>> {
-        self.shared.state.with(py, |st| {
-            // SAFETY: the queue holds a reference to each handle.
-            st.ready.iter().map(|r| unsafe { Bound::from_borrowed_ptr(py, r.as_ptr()) }.unbind()).collect()
-        })
+        self.shared.state.with(py, |st| st.ready.iter().map(|r| ready_object(py, r).unbind()).collect())
     }
 
     #[setter(_ready)]
@@ -778,30 +683,28 @@ impl LoopCore {
     /// The loop holds its queued handles' callbacks on their behalf (the
     /// handles are not tracked by the GC, see handles/), so it reports them.
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        // SAFETY: the GC holds the GIL; this only reads.
-        unsafe {
-            self.shared.state.peek(|st| {
-                for item in &st.ready {
-                    // Repeating handles are reported once, through their watcher.
-                    item.peek_state(|c| if c.is_repeating() { Ok(()) } else { c.visit(&visit) })?;
+        self.shared.state.traverse(&visit, |st| {
+            for item in &st.ready {
+                // Repeating handles are reported once, through their watcher.
+                traverse_ready(item, &visit, |c| if c.is_repeating() { Ok(()) } else { c.visit(&visit) })?;
+            }
+            for t in st.timers.iter() {
+                t.get().state_cell().traverse(&visit, |c| c.visit(&visit))?;
+            }
+            if let Some(fds) = st.uv.as_ref().and_then(|p| p.fds.as_ref()) {
+                for h in fds.handlers() {
+                    h.get().state_cell().traverse(&visit, |c| c.visit(&visit))?;
                 }
-                for t in st.timers.iter() {
-                    t.get().state_cell().peek(|c| c.visit(&visit))?;
-                }
-                if let Some(fds) = st.uv.as_ref().and_then(|p| p.fds.as_ref()) {
-                    for h in fds.handlers() {
-                        h.get().state_cell().peek(|c| c.visit(&visit))?;
-                    }
-                }
-                visit.call(&st.thread_id)?;
-                visit.call(&st.future_kwargs)
-            })
-        }
+            }
+            visit.call(&st.thread_id)?;
+            visit.call(&st.future_kwargs)
+        })
     }
 
     fn __clear__(&self, py: Python<'_>) {
+        let uv = &self.shared.uv;
         let handlers = self.shared.state.with(py, |st| match st.uv.as_mut().and_then(|p| p.fds.as_mut()) {
-            Some(fds) => fds.take_all(),
+            Some(fds) => fds.take_all(py, uv),
             None => Vec::new(),
         });
         for h in handlers {

@@ -47,18 +47,12 @@ static ORIGIN_NS: AtomicU64 = AtomicU64::new(0);
 static NS_PER_TICK_Q32: AtomicU64 = AtomicU64::new(1 << 32);
 
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let ts = crate::os::eventloop::monotonic_timespec();
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn read_tsc() -> u64 {
-    // SAFETY: RDTSC has no preconditions on x86-64.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
+use crate::os::eventloop::read_tsc;
 
 #[cfg(not(target_arch = "x86_64"))]
 #[inline(always)]

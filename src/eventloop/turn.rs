@@ -23,10 +23,11 @@ use pyo3::prelude::*;
 
 use super::stats::{self, LoopStats, SlowCallback, TurnMarks, TurnRecord};
 use super::{monotonic, report_callback_error, LoopCore, LoopShared};
+use crate::capi::eventloop::{callback_func, ready_object, DueCall};
 use crate::errors::{closed_error, is_fatal_base};
-use crate::handles::{let_go, run_in_context, Callback, Ready};
+use crate::handles::{let_go, Callback, Ready};
 use crate::python;
-use crate::uv::sys;
+use crate::uv::eventloop::RunMode;
 
 /// How often a loop whose ready queue never empties still polls for I/O.
 const BUSY_POLL_INTERVAL: f64 = 50e-6;
@@ -79,12 +80,9 @@ impl PollPacing {
 pub(super) fn run_forever(slf: &Bound<'_, LoopCore>) -> PyResult<()> {
     let py = slf.py();
     let shared = slf.get().shared();
-    shared.state.with(py, |st| -> PyResult<()> {
-        let parts = st.uv.as_ref().ok_or_else(closed_error)?;
-        // SAFETY: the prepare handle is initialised on the open loop.
-        unsafe { sys::uv_prepare_start(parts.prepare.raw(), Some(super::on_prepare)) };
-        Ok(())
-    })?;
+    if !shared.uv().prepare_start(py) {
+        return Err(closed_error());
+    }
     shared.stats_run_began(py);
     let mut pacing = PollPacing::default();
     let result = loop {
@@ -95,12 +93,7 @@ pub(super) fn run_forever(slf: &Bound<'_, LoopCore>) -> PyResult<()> {
             break Ok(());
         }
     };
-    shared.state.with(py, |st| {
-        if let Some(parts) = st.uv.as_ref() {
-            // SAFETY: as above.
-            unsafe { sys::uv_prepare_stop(parts.prepare.raw()) };
-        }
-    });
+    shared.uv().prepare_stop(py);
     // What the last turn wrote goes out before run_forever returns.
     let flushed = shared.run_before_poll(py);
     shared.stats_run_ended(py);
@@ -122,6 +115,7 @@ pub(super) fn run_once(slf: &Bound<'_, LoopCore>) -> PyResult<()> {
 /// `python_now` is the loop's Python clock's time, when it has one: the
 /// delay is then measured on that clock.
 fn arm_timer(py: Python<'_>, shared: &LoopShared, python_now: Option<f64>) {
+    let uv = shared.uv();
     shared.state.with(py, |st| {
         st.timers.prune(py);
         let next = st.timers.next_deadline();
@@ -129,8 +123,7 @@ fn arm_timer(py: Python<'_>, shared: &LoopShared, python_now: Option<f64>) {
         match next {
             None => {
                 if !parts.armed_for.is_nan() {
-                    // SAFETY: the timer is initialised on the open loop.
-                    unsafe { sys::uv_timer_stop(parts.timer.raw()) };
+                    uv.timer_stop(py);
                     parts.armed_for = f64::NAN;
                 }
             }
@@ -143,20 +136,18 @@ fn arm_timer(py: Python<'_>, shared: &LoopShared, python_now: Option<f64>) {
                         timer_delay_ms(((when - now) * 1000.0).ceil(), 0)
                     }
                     None => {
-                        // SAFETY: as above.
-                        let active = unsafe { sys::uv_is_active(parts.timer.as_handle()) } != 0;
-                        if active && parts.armed_for == when {
+                        if parts.armed_for == when && uv.timer_active(py) {
                             return;
                         }
                         parts.armed_for = when;
                         // libuv counts whole milliseconds on the same clock;
                         // rounding the deadline up means the timer never
                         // fires early.
-                        timer_delay_ms((when * 1000.0).ceil(), parts.uv.now_ms())
+                        let Some(now_ms) = uv.now_ms(py) else { return };
+                        timer_delay_ms((when * 1000.0).ceil(), now_ms)
                     }
                 };
-                // SAFETY: as above.
-                unsafe { sys::uv_timer_start(parts.timer.raw(), Some(super::on_timer), delay, 0) };
+                uv.timer_start(py, delay);
             }
         }
     })
@@ -204,19 +195,17 @@ fn queue_due_timers(py: Python<'_>, st: &mut super::LoopState, now: f64) -> Vec<
     released
 }
 
-/// One `uv_run`. No state borrow is held across it: callbacks re-derive the
-/// state from their handles' data pointers.
-fn uv_run(py: Python<'_>, shared: &LoopShared, raw: *mut sys::uv_loop_t, mode: sys::uv_run_mode, may_block: bool) {
-    // Only a poll that may block hands the GIL to other threads; a busy loop
-    // yields it through the interpreter's switch interval like any Python
-    // code.
-    shared.gil.set_release_before_poll(may_block);
-    // SAFETY: the loop is open (raw was read from the state this turn) and
-    // used on its thread; the GIL is released only in the prepare callback
-    // and taken back by the first callback that needs it, or below.
-    unsafe {
-        sys::uv_run(raw, mode);
-        shared.gil.reacquire();
+/// One `uv_run`. No state borrow is held across it: callbacks borrow the
+/// state themselves. Only a poll that may block hands the GIL to other
+/// threads; a busy loop yields it through the interpreter's switch interval
+/// like any Python code. A loop whose poll is already running (a protocol
+/// callback driving the loop by hand) refuses.
+fn uv_run(py: Python<'_>, shared: &LoopShared, mode: RunMode, may_block: bool) -> PyResult<()> {
+    if !shared.run_uv(py, mode, may_block) {
+        if shared.uv().raw_loop(py).is_none() {
+            return Err(closed_error());
+        }
+        return Err(pyo3::exceptions::PyRuntimeError::new_err("the event loop is already polling"));
     }
     if let Some(err) = shared.gil.take_signal_error() {
         // Raised by the turn (the poll has returned: no uv_stop needed).
@@ -226,6 +215,7 @@ fn uv_run(py: Python<'_>, shared: &LoopShared, raw: *mut sys::uv_loop_t, mode: s
             }
         });
     }
+    Ok(())
 }
 
 /// One turn: flush writes, poll (or skip an idle poll), move due timers
@@ -234,11 +224,11 @@ fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing:
     shared.turns.set(shared.turns.get() + 1);
     LoopStats::add(&shared.stats.turns, 1);
     shared.run_before_poll(py)?;
-    let (raw, busy, stopping) = shared.state.with(py, |st| {
-        let raw = st.uv.as_ref().map(|p| p.uv.raw());
-        (raw, !st.ready.is_empty() || st.stopping, st.stopping)
-    });
-    let Some(raw) = raw else { return Err(closed_error()) };
+    let (open, busy, stopping) =
+        shared.state.with(py, |st| (st.uv.is_some(), !st.ready.is_empty() || st.stopping, st.stopping));
+    if !open {
+        return Err(closed_error());
+    }
     let now = if busy { monotonic() } else { 0.0 };
     // The time after a poll that may have waited, for the timers too.
     let mut polled_at = None;
@@ -249,19 +239,19 @@ fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing:
         shared.io_seen.set(false);
         let mut found = false;
         if !busy && pacing.look_ahead() {
-            uv_run(py, shared, raw, sys::uv_run_mode_UV_RUN_NOWAIT, false);
+            uv_run(py, shared, RunMode::NoWait, false)?;
             found = shared.io_seen.get()
                 || shared.state.with(py, |st| !st.ready.is_empty() || st.stopping || st.pending_error.is_some());
             pacing.looked_ahead(found);
         }
         if !found {
             let mode = if busy {
-                sys::uv_run_mode_UV_RUN_NOWAIT
+                RunMode::NoWait
             } else {
                 arm_timer(py, shared, super::python_clock_now(py, slf, shared)?);
-                sys::uv_run_mode_UV_RUN_ONCE
+                RunMode::Once
             };
-            uv_run(py, shared, raw, mode, !busy);
+            uv_run(py, shared, mode, !busy)?;
         }
         if !busy {
             let t = monotonic();
@@ -315,26 +305,19 @@ fn run_ready<const TIMED: bool>(slf: &Bound<'_, PyAny>, shared: &LoopShared, tim
         let Some((item, debug)) = shared.state.with(py, |st| st.ready.pop_front().map(|i| (i, st.debug))) else {
             break;
         };
-        let run =
-            item.with_state(py, |c| c.take_for_run(debug).map(|cb| (cb, c.run_context(), c.has_foreign_context())));
-        let Some((cb, (ctx, shared_ctx), foreign)) = run else {
+        let Some(due) = DueCall::take(py, &item, debug) else {
             item.let_go();
             continue;
         };
+        let cb = due.callback();
         let started = debug.then(monotonic);
-        if shared_ctx {
+        let shared_ctx = due.shared_context();
+        if let Some(ctx) = shared_ctx {
             shared.state.with(py, |st| st.ctx_cache.set_running(ctx));
         }
-        // SAFETY: GIL held; no borrow of native state is live here; `item`
-        // keeps the context alive.
-        let ok = unsafe {
-            if foreign {
-                cb.call_through(ctx)
-            } else {
-                run_in_context(&cb, ctx, shared_ctx)
-            }
-        };
-        if shared_ctx {
+        // No borrow of native state is live here.
+        let ok = due.run(py);
+        if shared_ctx.is_some() {
             shared.state.with(py, |st| st.ctx_cache.set_running(std::ptr::null_mut()));
         }
         ran += 1;
@@ -344,7 +327,7 @@ fn run_ready<const TIMED: bool>(slf: &Bound<'_, PyAny>, shared: &LoopShared, tim
             if is_fatal_base(py, &err) {
                 return Err(err);
             }
-            report_callback_error(slf, &item, &cb, err)?;
+            report_callback_error(slf, &item, cb, err)?;
         }
         if let Ready::Timer(h) = &item {
             LoopStats::add(&shared.stats.timers_fired, 1);
@@ -370,7 +353,7 @@ fn run_ready<const TIMED: bool>(slf: &Bound<'_, PyAny>, shared: &LoopShared, tim
             let took = end.saturating_sub(last);
             last = end;
             if took > bar {
-                note_slow_callback(slf, shared, &item, &cb, end - took, took)?;
+                note_slow_callback(slf, shared, &item, cb, end - took, took)?;
                 bar = shared.stats.book.with(py, |b| b.slow_bar(end));
                 // (Describing it is not the next callback's time.)
                 last = stats::now();
@@ -380,15 +363,13 @@ fn run_ready<const TIMED: bool>(slf: &Bound<'_, PyAny>, shared: &LoopShared, tim
             let dt = monotonic() - t0;
             let limit: f64 = slf.getattr(python::event_loop::slow_callback_duration(py))?.extract()?;
             if dt >= limit {
-                // SAFETY: the item and the callback hold these objects.
-                let (h, func) =
-                    unsafe { (Bound::from_borrowed_ptr(py, item.as_ptr()), Bound::from_borrowed_ptr(py, cb.func())) };
+                let (h, func) = (ready_object(py, &item), callback_func(py, cb));
                 python::call_method(slf, python::event_loop::_warn_slow_callback(py), (h, func, dt))?;
             }
             let dropped = item.with_state(py, |c| c.finish_run());
             drop(dropped);
         }
-        drop(cb);
+        drop(due);
         item.let_go();
     }
     // After a burst, the queue's memory goes back once it is mostly empty.
@@ -437,9 +418,7 @@ fn note_slow_callback(
     took: u64,
 ) -> PyResult<()> {
     let py = slf.py();
-    // SAFETY: the queue item and the callback hold these objects.
-    let (handle, func) =
-        unsafe { (Bound::from_borrowed_ptr(py, item.as_ptr()), Bound::from_borrowed_ptr(py, cb.func())) };
+    let (handle, func) = (ready_object(py, item), callback_func(py, cb));
     // The handle shows its callback again while it is described (as in an
     // error report).
     let shown = item.with_state(py, |c| c.show_callback(cb));

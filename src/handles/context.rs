@@ -213,9 +213,11 @@ impl ContextCache {
         self.running = ctx;
     }
 
-    /// Forgets the snapshot; returns it for the caller to release.
-    pub(crate) fn take(&mut self) -> *mut ffi::PyObject {
-        std::mem::replace(&mut self.snapshot, ptr::null_mut())
+    /// Forgets the snapshot; returns the reference the cache owned.
+    pub(crate) fn take(&mut self, py: pyo3::Python<'_>) -> Option<pyo3::Py<pyo3::PyAny>> {
+        let snapshot = std::mem::replace(&mut self.snapshot, ptr::null_mut());
+        // SAFETY: the cache owned this reference (or holds NULL); GIL held.
+        unsafe { pyo3::Bound::from_owned_ptr_or_opt(py, snapshot) }.map(pyo3::Bound::unbind)
     }
 }
 

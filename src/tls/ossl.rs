@@ -31,6 +31,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyModule, PyType};
 
+use crate::uv::transport::{IoBuf, StreamOwner, UvStream};
+
 use super::layout::{PySSLContext, PySSLMemoryBIO, PySSLSocket, SslModuleState, Tables, MODULE_STATE_POINTERS};
 
 /// Opaque OpenSSL types: only ever handled by pointer (named as OpenSSL
@@ -681,6 +683,23 @@ impl Conn {
             return (std::ptr::null(), 0);
         }
         (p as *const u8, n as usize)
+    }
+
+    /// One `uv_try_write` of the waiting ciphertext to `stream`, straight
+    /// from the BIO's memory (no copy), left in place: None when there is
+    /// none, else the bytes the socket took or libuv's error (UV_EAGAIN when
+    /// it took none). Only the system call runs while the memory is lent.
+    #[inline]
+    pub(crate) fn try_write_output<C: StreamOwner>(&self, py: Python<'_>, stream: &UvStream<C>) -> Option<i32> {
+        let (p, n) = self.output_ptr(py);
+        if n == 0 {
+            return None;
+        }
+        // SAFETY: output_ptr's bytes stay valid until the outgoing BIO is
+        // next touched, by this connection or by Python code; neither runs
+        // before the write below returns.
+        let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+        Some(stream.try_write(&[IoBuf::new(bytes)]))
     }
 
     /// A copy of the waiting ciphertext, left in place.

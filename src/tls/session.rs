@@ -22,6 +22,8 @@ use std::ffi::c_int;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::uv::transport::{StreamOwner, UvStream};
+
 use super::errors::{self, Failure, Op};
 use super::layout;
 use super::ossl::{self, Conn, Plaintext};
@@ -338,14 +340,12 @@ impl TlsSession {
         self.conn.output_pending(py)
     }
 
-    /// Where the waiting ciphertext is, in place, and its size: for a
-    /// system call made at once (valid until the next call on the session,
-    /// any of which may append to or move the BIO's memory, and until
-    /// Python code runs, since `sslobj` / `outgoing` methods could do the
-    /// same). Hand it to the socket, then `consume_output` what it took.
+    /// One try-write of the waiting ciphertext to `stream`, in place (see
+    /// `Conn::try_write_output`): None when there is none, else the bytes
+    /// the socket took or libuv's error. Then `consume_output` what it took.
     #[inline]
-    pub(crate) fn output_ptr(&self, py: Python<'_>) -> (*const u8, usize) {
-        self.conn.output_ptr(py)
+    pub(crate) fn try_write_output<C: StreamOwner>(&self, py: Python<'_>, stream: &UvStream<C>) -> Option<i32> {
+        self.conn.try_write_output(py, stream)
     }
 
     /// A copy of the waiting ciphertext, left in place.

@@ -34,7 +34,6 @@ use crate::eventloop::{ClientPtr, LoopClient, LoopCore, LoopShared};
 use crate::python;
 use crate::transport::base::{HasBase, Transport, TransportBase};
 use crate::transport::buffer::BufferView;
-use crate::uv::sys;
 use crate::uv::transport::{LoopRef, ReadInto, StreamOwner, UvStream};
 use sink::Sink;
 use writer::{Outgoing, WriteQueue};
@@ -120,11 +119,6 @@ impl HasBase for StreamState {
 }
 
 impl StreamState {
-    /// The stream as libuv knows it, while open (an opaque pointer).
-    fn stream_ptr(&self) -> Option<*mut sys::uv_stream_t> {
-        self.handle.as_ref().map(|h| h.raw_stream())
-    }
-
     /// The core's own Python object (the handle box keeps it), while open.
     fn object(&self, py: Python<'_>) -> Option<Py<PyAny>> {
         self.handle.as_ref()?.owner(py).map(Py::into_any)

@@ -41,7 +41,7 @@ use crate::python;
 use crate::tls::{self, Decrypted, Handshake, Opened, Shutdown, TlsSession, UniqueBytes, WritableBuffer, Write};
 use crate::transport::base::{Transport, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
 use crate::transport::readbuf::{self, READ_SIZE};
-use crate::uv::{self, sys};
+use crate::uv::sys;
 
 /// asyncio's water marks for TLS: writes (FLOW_CONTROL_HIGH_WATER_SSL_WRITE)
 /// and ciphertext received but not yet decrypted (..._SSL_READ), in bytes.
@@ -789,7 +789,7 @@ impl StreamCore {
     fn tls_send_from_session(&self, py: Python<'_>) -> PyResult<bool> {
         let io = &self.shared().stats.io;
         let failed = self.state.with(py, |st| {
-            let stream = st.stream_ptr()?;
+            let stream = st.handle.as_ref()?;
             if st.base.conn_lost != 0 || !st.writes.is_idle() {
                 return None;
             }
@@ -798,15 +798,7 @@ impl StreamCore {
                 return None;
             }
             let session = t.session.as_mut()?;
-            let (out, len) = session.output_ptr(py);
-            if len == 0 {
-                return None;
-            }
-            let buf = uv::buf(out, len);
-            // SAFETY: the open stream; `buf` points into the session's
-            // output, which nothing changes before the call returns (no
-            // Python code runs meanwhile).
-            let n = unsafe { sys::uv_try_write(stream, &buf, 1) };
+            let n = session.try_write_output(py, stream)?;
             st.base.stats.wrote(io, 1, n.max(0) as usize);
             if n == sys::uv_errno_t_UV_EAGAIN {
                 return None;
