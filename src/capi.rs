@@ -945,3 +945,81 @@ pub(crate) mod eventloop {
 }
 
 // ---- end of section: eventloop ----
+
+/// The C `_asyncio.Future`'s loop, read where the object keeps it, so that
+/// `create_future` can make a future without passing `loop=` (its keyword
+/// costs the call more than the rest of the future's set-up) and still
+/// check that the future took this loop.
+pub(crate) mod futures {
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    use pyo3::ffi;
+    use pyo3::prelude::*;
+    use pyo3::sync::PyOnceLock;
+    use pyo3::types::PyType;
+
+    const UNKNOWN: u8 = 0;
+    const VERIFIED: u8 = 1;
+    const ELSEWHERE: u8 = 2;
+
+    /// Whether a C future's loop is its first field after the object
+    /// header (`FutureObj_HEAD` since 3.7): learnt from the first future
+    /// made with `loop=` (`learn_layout`).
+    static LOOP_FIELD: AtomicU8 = AtomicU8::new(UNKNOWN);
+
+    /// `_asyncio.Future`, when the C accelerator is there.
+    fn c_future_type(py: Python<'_>) -> Option<&Bound<'_, PyType>> {
+        static TYPE: PyOnceLock<Option<Py<PyType>>> = PyOnceLock::new();
+        TYPE.get_or_init(py, || {
+            let ty = py.import("_asyncio").and_then(|m| m.getattr("Future")).ok()?;
+            ty.cast_into::<PyType>().ok().map(Bound::unbind)
+        })
+        .as_ref()
+        .map(|t| t.bind(py))
+    }
+
+    /// Whether `ty` is the C future type itself (not a subclass).
+    pub(crate) fn is_c_future_type(ty: &Bound<'_, PyAny>) -> bool {
+        c_future_type(ty.py()).is_some_and(|c| ty.is(c))
+    }
+
+    /// The first field after the header of `fut`, an exact C future.
+    fn first_field(fut: &Bound<'_, PyAny>) -> Option<*mut ffi::PyObject> {
+        let c = c_future_type(fut.py())?;
+        if !fut.get_type().is(c) {
+            return None;
+        }
+        // SAFETY: `fut` is a live instance of exactly the C future type,
+        // whose object holds its pointer fields after the header; the read
+        // is of one pointer-sized field inside the object.
+        Some(unsafe { *((fut.as_ptr() as *const u8).add(std::mem::size_of::<ffi::PyObject>()) as *const *mut ffi::PyObject) })
+    }
+
+    /// Learns where the loop of a C future sits from `fut`, made with
+    /// `loop=loop_` (only the first such future is looked at).
+    pub(crate) fn learn_layout(fut: &Bound<'_, PyAny>, loop_: &Bound<'_, PyAny>) {
+        if LOOP_FIELD.load(Ordering::Relaxed) != UNKNOWN {
+            return;
+        }
+        if let Some(field) = first_field(fut) {
+            let found = if field == loop_.as_ptr() { VERIFIED } else { ELSEWHERE };
+            LOOP_FIELD.store(found, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the loop's field is known to be where `belongs_to` reads it.
+    #[inline]
+    pub(crate) fn layout_known() -> bool {
+        LOOP_FIELD.load(Ordering::Relaxed) == VERIFIED
+    }
+
+    /// Whether the C future `fut` belongs to `loop_` (false when that
+    /// cannot be told).
+    #[inline]
+    pub(crate) fn belongs_to(fut: &Bound<'_, PyAny>, loop_: &Bound<'_, PyAny>) -> bool {
+        layout_known() && first_field(fut) == Some(loop_.as_ptr())
+    }
+}
+
+// ---- end of section: futures ----
+

@@ -496,6 +496,13 @@ pub(crate) mod eventloop {
         unsafe { core::arch::x86_64::_rdtsc() }
     }
 
+    /// The calling thread's id (what `threading.get_ident()` gives on Linux).
+    #[inline(always)]
+    pub(crate) fn current_thread() -> u64 {
+        // SAFETY: pthread_self has no preconditions and cannot fail.
+        unsafe { libc::pthread_self() as u64 }
+    }
+
     /// This process's id.
     #[inline]
     pub(crate) fn pid() -> libc::pid_t {

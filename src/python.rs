@@ -12,7 +12,7 @@
 use pyo3::call::PyCallArgs;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyModule, PyString};
+use pyo3::types::{PyDict, PyModule, PyString};
 
 use crate::cell;
 
@@ -140,8 +140,11 @@ pub(crate) fn call<'py, A: PyCallArgs<'py>>(func: &Bound<'py, PyAny>, args: A) -
 struct Imports {
     socket: Py<PyModule>,
     logger: Py<PyAny>,
-    asyncio_tasks: Py<PyModule>,
-    asyncio_futures: Py<PyModule>,
+    /// The `__dict__` of asyncio.tasks and asyncio.futures: a module's dict
+    /// is fixed for its life, and reading it directly costs a fraction of
+    /// the module's attribute lookup.
+    asyncio_tasks: Py<PyDict>,
+    asyncio_futures: Py<PyDict>,
     base_event_loop: Py<PyAny>,
     format_helpers: Py<PyModule>,
     getsizeof: Py<PyAny>,
@@ -173,8 +176,8 @@ fn imports(py: Python<'_>) -> PyResult<&Imports> {
         let attr = |m: &Bound<'_, PyModule>, n: &str| m.getattr(n).map(Bound::unbind);
         Ok(Imports {
             logger: py.import("asyncio.log")?.getattr("logger")?.unbind(),
-            asyncio_tasks: py.import("asyncio.tasks")?.unbind(),
-            asyncio_futures: py.import("asyncio.futures")?.unbind(),
+            asyncio_tasks: py.import("asyncio.tasks")?.dict().unbind(),
+            asyncio_futures: py.import("asyncio.futures")?.dict().unbind(),
             base_event_loop: py.import("asyncio")?.getattr("BaseEventLoop")?.unbind(),
             format_helpers: py.import("asyncio.format_helpers")?.unbind(),
             getsizeof: py.import("sys")?.getattr("getsizeof")?.unbind(),
@@ -207,14 +210,28 @@ pub(crate) fn logger(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     Ok(imports(py)?.logger.bind(py))
 }
 
-/// `asyncio.tasks` (its `Task` is looked up per call, so a patched one is used).
-pub(crate) fn asyncio_tasks(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    Ok(imports(py)?.asyncio_tasks.bind(py))
+/// `asyncio.tasks.Task` as the module has it now (looked up per call, so a
+/// patched one is used).
+pub(crate) fn asyncio_task_type(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    module_attr(imports(py)?.asyncio_tasks.bind(py), pyo3::intern!(py, "Task"), "asyncio.tasks")
 }
 
-/// `asyncio.futures` (its `Future` is looked up per call).
-pub(crate) fn asyncio_futures(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    Ok(imports(py)?.asyncio_futures.bind(py))
+/// `asyncio.futures.Future` as the module has it now (looked up per call).
+pub(crate) fn asyncio_future_type(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    module_attr(imports(py)?.asyncio_futures.bind(py), pyo3::intern!(py, "Future"), "asyncio.futures")
+}
+
+/// `module.name`, read from the module's dict (`module` names it in the
+/// AttributeError a deleted attribute gives, as the module's lookup would).
+#[inline]
+fn module_attr<'py>(
+    dict: &Bound<'py, PyDict>,
+    name: &Bound<'py, PyString>,
+    module: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    dict.get_item(name)?.ok_or_else(|| {
+        pyo3::exceptions::PyAttributeError::new_err(format!("module '{module}' has no attribute '{name}'"))
+    })
 }
 
 /// `asyncio.BaseEventLoop`.

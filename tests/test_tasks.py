@@ -1,6 +1,7 @@
 """Futures, tasks, task factories, asyncio primitives, asyncgens, debug mode."""
 
 import asyncio
+import threading
 import contextvars
 import gc
 import logging
@@ -32,6 +33,59 @@ def test_create_future(loop):
     assert not fut.done()
     loop.call_soon(fut.set_result, 7)
     assert run(loop, fut) == 7
+
+
+def test_create_future_belongs_to_its_loop_wherever_it_is_called(loop_factory):
+    """A future is the loop's whether the loop runs, does not run, or
+    another loop runs in the thread (or in another thread), and in debug
+    mode as out of it."""
+    loop = loop_factory()
+    other = loop_factory()
+    try:
+        assert loop.create_future().get_loop() is loop  # not running
+        seen = {}
+
+        async def main():
+            seen["own"] = loop.create_future().get_loop() is loop
+            seen["other"] = other.create_future().get_loop() is other
+            box = []
+            t = threading.Thread(target=lambda: box.append(loop.create_future().get_loop()))
+            t.start()
+            t.join()
+            seen["thread"] = box[0] is loop
+            loop.set_debug(True)
+            fut = loop.create_future()
+            loop.set_debug(False)
+            seen["debug"] = fut.get_loop() is loop and fut._source_traceback is not None
+
+        loop.run_until_complete(main())
+        assert seen == {"own": True, "other": True, "thread": True, "debug": True}
+        assert loop.create_future().get_loop() is loop  # stopped again
+    finally:
+        other.close()
+        loop.close()
+
+
+def test_create_future_uses_a_patched_future_class(loop, monkeypatch):
+    """create_future makes `asyncio.futures.Future` as the module has it at
+    the call, with loop= (asyncio's `futures.Future(loop=self)`)."""
+    made = []
+
+    class Recording(asyncio.Future):
+        def __init__(self, *, loop=None):
+            made.append(loop)
+            super().__init__(loop=loop)
+
+    monkeypatch.setattr(asyncio.futures, "Future", Recording)
+
+    async def main():
+        return loop.create_future()
+
+    fut = loop.run_until_complete(main())
+    assert type(fut) is Recording and made == [loop]
+    monkeypatch.delattr(asyncio.futures, "Future")
+    with pytest.raises(AttributeError):
+        loop.create_future()
 
 
 def test_future_done_callbacks_run_via_loop(loop):

@@ -117,6 +117,10 @@ pub(crate) struct LoopState {
     /// subclass's): timers are due by it rather than by the native clock.
     python_clock: bool,
     thread_id: Option<Py<PyAny>>,
+    /// The thread run_forever runs the loop in (its native id; 0 while it
+    /// does not run): while it is the caller's, this loop is the thread's
+    /// running loop.
+    running_thread: u64,
     /// A KeyboardInterrupt or SystemExit raised by Python code that ran
     /// inside a libuv callback: re-raised once `uv_run` returns.
     pending_error: Option<PyErr>,
@@ -209,6 +213,13 @@ impl LoopShared {
     /// True while run_forever runs this loop.
     pub(crate) fn is_running(&self, py: Python<'_>) -> bool {
         self.state.with(py, |st| st.thread_id.is_some())
+    }
+
+    /// True while run_forever runs this loop in the calling thread.
+    #[inline]
+    pub(crate) fn runs_here(&self, py: Python<'_>) -> bool {
+        let thread = self.state.with(py, |st| st.running_thread);
+        thread != 0 && thread == crate::os::eventloop::current_thread()
     }
 
     /// The time an I/O callback begins, in debug mode only (for
@@ -561,6 +572,7 @@ impl LoopCore {
                 debug: false,
                 python_clock: false,
                 thread_id: None,
+                running_thread: 0,
                 pending_error: None,
                 clients: Clients::default(),
                 future_kwargs: None,
@@ -632,7 +644,12 @@ impl LoopCore {
 
     #[setter(_thread_id)]
     fn set_thread_id(&self, py: Python<'_>, value: Option<Py<PyAny>>) {
-        let old = self.shared.state.with(py, |st| std::mem::replace(&mut st.thread_id, value));
+        // run_forever sets it from the thread it runs in.
+        let thread = if value.is_some() { crate::os::eventloop::current_thread() } else { 0 };
+        let old = self.shared.state.with(py, |st| {
+            st.running_thread = thread;
+            std::mem::replace(&mut st.thread_id, value)
+        });
         drop(old);
     }
 

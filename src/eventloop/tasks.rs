@@ -14,6 +14,7 @@ use smallvec::SmallVec;
 
 use super::fastcall::{vectorcall, FastArgs};
 use super::LoopShared;
+use crate::capi::futures;
 use crate::python;
 
 /// Keyword names accepted on the fast path, by Python version.
@@ -41,7 +42,7 @@ pub(super) fn create_task<'py>(
     if !slf.getattr(python::event_loop::_task_factory(py))?.is_none() {
         return create_task_slow(py, slf, a);
     }
-    let task_type = python::asyncio_tasks(py)?.getattr(pyo3::intern!(py, "Task"))?;
+    let task_type = python::asyncio_task_type(py)?;
     // Task(coro, loop=self, <the caller's keywords>); the usual call has
     // no keywords and allocates nothing here.
     let nkw = a.nkw();
@@ -82,7 +83,15 @@ pub(super) fn create_future<'py>(
             "BaseEventLoop.create_future() takes 1 positional argument but more were given",
         ));
     }
-    let future_type = python::asyncio_futures(py)?.getattr(pyo3::intern!(py, "Future"))?;
+    let future_type = python::asyncio_future_type(py)?;
+    if futures::layout_known() && shared.runs_here(py) && futures::is_c_future_type(&future_type) {
+        // This loop is the thread's running loop, which a C future made
+        // without `loop=` takes: no keyword to parse. Checked all the same.
+        let fut = future_type.call0()?;
+        if futures::belongs_to(&fut, slf) {
+            return Ok(fut);
+        }
+    }
     let kwargs = match shared.state.with(py, |st| st.future_kwargs.as_ref().map(|k| k.clone_ref(py))) {
         Some(kwargs) => kwargs,
         None => {
@@ -97,7 +106,9 @@ pub(super) fn create_future<'py>(
             kwargs
         }
     };
-    future_type.call(empty_tuple(py), Some(kwargs.bind(py)))
+    let fut = future_type.call(empty_tuple(py), Some(kwargs.bind(py)))?;
+    futures::learn_layout(&fut, slf);
+    Ok(fut)
 }
 
 fn empty_tuple(py: Python<'_>) -> &Bound<'_, PyTuple> {
