@@ -109,7 +109,7 @@ echo "== installing Python packages into $venv"
     "maturin>=1.5,<2" "pytest>=7" "pytest-codspeed>=3" uvloop rloop \
     uvicorn httptools httpx aiohttp websockets cryptography \
     gunicorn uvicorn-worker hypercorn pytest-asyncio pytest-aiohttp anyio \
-    mypy typing-extensions prometheus_client
+    mypy typing-extensions prometheus_client hypothesis
 
 echo "== building zuvrs ($mode sanitizer, nightly, target/sanitize-$mode)"
 # --target keeps RUSTFLAGS away from build scripts and proc macros (which
