@@ -782,7 +782,6 @@ pub(crate) mod handles {
 
 // ---- end of section: handles ----
 
-
 // ---- section: the loop's GIL hand-off and queued callbacks (eventloop) ----
 
 /// The loop's CPython calls: the thread state saved while the loop polls
@@ -992,7 +991,9 @@ pub(crate) mod futures {
         // SAFETY: `fut` is a live instance of exactly the C future type,
         // whose object holds its pointer fields after the header; the read
         // is of one pointer-sized field inside the object.
-        Some(unsafe { *((fut.as_ptr() as *const u8).add(std::mem::size_of::<ffi::PyObject>()) as *const *mut ffi::PyObject) })
+        Some(unsafe {
+            *((fut.as_ptr() as *const u8).add(std::mem::size_of::<ffi::PyObject>()) as *const *mut ffi::PyObject)
+        })
     }
 
     /// Learns where the loop of a C future sits from `fut`, made with
@@ -1022,4 +1023,3 @@ pub(crate) mod futures {
 }
 
 // ---- end of section: futures ----
-

@@ -1,13 +1,13 @@
 """Futures, tasks, task factories, asyncio primitives, asyncgens, debug mode."""
 
 import asyncio
-import threading
 import contextvars
 import gc
 import logging
 import os
 import re
 import sys
+import threading
 import time
 import warnings
 
