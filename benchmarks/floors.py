@@ -169,15 +169,24 @@ def _read_all(side: Any, want: int) -> int:
     return got
 
 
-def _tcp_carrier() -> Any:
-    """A connected loopback TCP pair (non-blocking) and a function that
-    moves bytes from one end to the other, reading 256 KiB at a time."""
+def _tcp_pair(nodelay: bool = False) -> Any:
+    """A connected, non-blocking loopback TCP pair (TCP_NODELAY on both
+    ends if asked)."""
     listener = socket.create_server((workloads.HOST, 0))
     a = socket.create_connection(listener.getsockname())
     b, _ = listener.accept()
     listener.close()
     for s in (a, b):
         s.setblocking(False)
+        if nodelay:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return a, b
+
+
+def _tcp_carrier() -> Any:
+    """A connected loopback TCP pair (non-blocking) and a function that
+    moves bytes from one end to the other, reading 256 KiB at a time."""
+    a, b = _tcp_pair()
     buf = bytearray(workloads.PIPE_OUTPUT_READ)
     view = memoryview(buf)
 
@@ -258,13 +267,7 @@ def floor_bulk_flow(variant: str, mib: int) -> float:
     period = workloads.BULK_PERIOD
     chunk = memoryview(bytes(i % period for i in range(c)))
     t0 = time.perf_counter()
-    listener = socket.create_server((workloads.HOST, 0))
-    a = socket.create_connection(listener.getsockname())
-    b, _ = listener.accept()
-    listener.close()
-    for s in (a, b):
-        s.setblocking(False)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    a, b = _tcp_pair(nodelay=True)
     view = memoryview(bytearray(workloads.PIPE_OUTPUT_READ))
     sent = got = mismatches = 0
     out = chunk[:0]
