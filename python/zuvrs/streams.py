@@ -295,7 +295,10 @@ async def open_connection(
     host: Any = None, port: Any = None, *, limit: int = _DEFAULT_LIMIT, **kwds: Any
 ) -> tuple[StreamReader, StreamWriter]:
     """asyncio.open_connection with native streams."""
-    loop = events.get_running_loop()
+    return await _open_connection(events.get_running_loop(), host, port, limit=limit, **kwds)
+
+
+async def _open_connection(loop, host=None, port=None, *, limit=_DEFAULT_LIMIT, **kwds):
     reader = StreamReader(limit=limit, loop=loop)
     protocol = StreamReaderProtocol(reader, loop=loop)
     transport, _ = await loop.create_connection(lambda: protocol, host, port, **kwds)
@@ -308,7 +311,10 @@ async def start_server(
     **kwds: Any,
 ) -> asyncio.Server:
     """asyncio.start_server with native streams."""
-    loop = events.get_running_loop()
+    return await _start_server(events.get_running_loop(), client_connected_cb, host, port, limit=limit, **kwds)
+
+
+async def _start_server(loop, client_connected_cb, host=None, port=None, *, limit=_DEFAULT_LIMIT, **kwds):
     return await loop.create_server(_protocol_factory(client_connected_cb, limit, loop), host, port, **kwds)
 
 
@@ -316,7 +322,10 @@ async def open_unix_connection(
     path: Any = None, *, limit: int = _DEFAULT_LIMIT, **kwds: Any
 ) -> tuple[StreamReader, StreamWriter]:
     """asyncio.open_unix_connection with native streams."""
-    loop = events.get_running_loop()
+    return await _open_unix_connection(events.get_running_loop(), path, limit=limit, **kwds)
+
+
+async def _open_unix_connection(loop, path=None, *, limit=_DEFAULT_LIMIT, **kwds):
     reader = StreamReader(limit=limit, loop=loop)
     protocol = StreamReaderProtocol(reader, loop=loop)
     transport, _ = await loop.create_unix_connection(lambda: protocol, path, **kwds)
@@ -328,7 +337,10 @@ async def start_unix_server(
     client_connected_cb: _ClientConnected, path: Any = None, *, limit: int = _DEFAULT_LIMIT, **kwds: Any
 ) -> asyncio.Server:
     """asyncio.start_unix_server with native streams."""
-    loop = events.get_running_loop()
+    return await _start_unix_server(events.get_running_loop(), client_connected_cb, path, limit=limit, **kwds)
+
+
+async def _start_unix_server(loop, client_connected_cb, path=None, *, limit=_DEFAULT_LIMIT, **kwds):
     return await loop.create_unix_server(_protocol_factory(client_connected_cb, limit, loop), path, **kwds)
 
 
@@ -349,6 +361,15 @@ _FUNCTIONS = {
     "start_unix_server": start_unix_server,
 }
 
+# The same, given the running loop (install()'s dispatch has asked for it
+# already; each ask costs a getpid() system call before 3.12).
+_ON_LOOP = {
+    "open_connection": _open_connection,
+    "start_server": _start_server,
+    "open_unix_connection": _open_unix_connection,
+    "start_unix_server": _start_unix_server,
+}
+
 # name -> asyncio's function, while installed.
 _replaced: dict[str, Any] = {}
 
@@ -358,10 +379,13 @@ def _on_zuvrs_loops(name, native, original):
     is a zuvrs loop."""
     from ._loop import Loop
 
+    on_loop = _ON_LOOP[name]
+
     @functools.wraps(original)
     async def dispatch(*args, **kwargs):
-        if isinstance(events.get_running_loop(), Loop):
-            return await native(*args, **kwargs)
+        loop = events.get_running_loop()
+        if isinstance(loop, Loop):
+            return await on_loop(loop, *args, **kwargs)
         return await original(*args, **kwargs)
 
     dispatch._zuvrs_native = native

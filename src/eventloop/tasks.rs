@@ -84,7 +84,10 @@ pub(super) fn create_future<'py>(
         ));
     }
     let future_type = python::asyncio_future_type(py)?;
-    if futures::layout_known() && shared.runs_here(py) && futures::is_c_future_type(&future_type) {
+    // Before 3.12 the C future finds the running loop through a holder it
+    // checks against getpid(), a system call per future: there the keyword
+    // is cheaper.
+    if cfg!(Py_3_12) && futures::layout_known() && shared.runs_here(py) && futures::is_c_future_type(&future_type) {
         // This loop is the thread's running loop, which a C future made
         // without `loop=` takes: no keyword to parse. Checked all the same.
         let fut = future_type.call0()?;
