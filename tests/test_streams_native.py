@@ -823,6 +823,50 @@ def test_tls_echo_over_native_streams(loop, streams, tls_contexts):
     assert run(loop, main(), timeout=30) == lines
 
 
+def test_protocol_knows_tls_and_names_outlive_the_close(loop, streams, tls_contexts):
+    """The protocol's TLS flag (what eof_received answers by) on plain and
+    TLS connections, and the names a plain connection reports once closed,
+    on both ends, as asyncio's."""
+    server_ctx, client_ctx = tls_contexts
+
+    async def connection(ssl):
+        accepted = asyncio.get_running_loop().create_future()
+
+        async def handle(reader, writer):
+            accepted.set_result((reader, writer))
+
+        kwargs = {"ssl": server_ctx} if ssl else {}
+        server = await streams.start_server(handle, "127.0.0.1", 0, **kwargs)
+        port = server.sockets[0].getsockname()[1]
+        kwargs = {"ssl": client_ctx, "server_hostname": "localhost"} if ssl else {}
+        reader, writer = await streams.open_connection("127.0.0.1", port, **kwargs)
+        _, server_writer = await accepted
+        flags = (writer._protocol._over_ssl, server_writer._protocol._over_ssl)
+        writer.close()
+        await writer.wait_closed()
+        server_writer.close()
+        await server_writer.wait_closed()
+        # (asyncio's TLS transports answer nothing once closed.)
+        names = None if ssl else [
+            (w.get_extra_info("sockname"), w.get_extra_info("peername"), w.get_extra_info("socket").fileno())
+            for w in (writer, server_writer)
+        ]
+        server.close()
+        await server.wait_closed()
+        return flags, names, port
+
+    async def main():
+        return await connection(False), await connection(True)
+
+    plain, tls = run(loop, main(), timeout=20)
+    assert plain[0] == (False, False)
+    assert tls[0] == (True, True)
+    _, ((c_name, c_peer, c_fd), (s_name, s_peer, s_fd)), port = plain
+    assert c_peer == s_name == ("127.0.0.1", port)
+    assert c_name == s_peer and c_name[0] == "127.0.0.1"
+    assert c_fd == s_fd == -1
+
+
 # -- install() ----------------------------------------------------------------
 
 

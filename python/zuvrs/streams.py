@@ -70,6 +70,10 @@ _ClientConnected = Callable[["StreamReader", "StreamWriter"], Union[Awaitable[No
 collections.abc.Coroutine.register(_zuvrs.StreamRead)
 collections.abc.Coroutine.register(_zuvrs.Completed)
 
+# SocketTransport's own get_extra_info (connection_made knows what it answers
+# for 'sslcontext' while the method is this one).
+_SOCKET_GET_EXTRA_INFO = SocketTransport.get_extra_info
+
 # Transports whose core can feed a reader natively.
 _NATIVE_STREAM_TRANSPORTS = (SocketTransport, SSLTransport)
 _attach_reader = _zuvrs.attach_reader
@@ -213,17 +217,30 @@ class StreamReaderProtocol(_aio.StreamReaderProtocol):
 
     def connection_made(self, transport):
         # asyncio's steps without the server's (they would make asyncio's
-        # own writer): the rejection check, the transport given to the
-        # protocol and the reader.
+        # own writer): the rejection check (asyncio's own), the transport
+        # given to the protocol and the reader, and whether it is TLS.
         client_connected_cb = self._client_connected_cb
-        self._client_connected_cb = None
-        try:
-            super().connection_made(transport)
-        finally:
-            self._client_connected_cb = client_connected_cb
-        if self._transport is not transport:
-            return  # rejected (and aborted)
+        if self._reject_connection:
+            self._client_connected_cb = None
+            try:
+                super().connection_made(transport)
+            finally:
+                self._client_connected_cb = client_connected_cb
+            return
+        self._transport = transport
         reader = self._stream_reader
+        if reader is not None:
+            reader.set_transport(transport)
+        if (
+            type(transport) is SocketTransport
+            and transport._extra_dict is None
+            and SocketTransport.get_extra_info is _SOCKET_GET_EXTRA_INFO
+        ):
+            # A connection zuvrs set up, whose extra info is not made yet:
+            # it has no 'sslcontext' (asking would make nothing either).
+            self._over_ssl = False
+        else:
+            self._over_ssl = transport.get_extra_info("sslcontext") is not None
         if (
             reader is not None
             and isinstance(transport, _NATIVE_STREAM_TRANSPORTS)

@@ -34,13 +34,6 @@ def _attach_to(server, transport):
         server._attach()
 
 
-def _detach_from(server, transport):
-    if NATIVE_CLIENT_TRACKING or isinstance(server, Server):
-        server._detach(transport)
-    else:
-        server._detach()
-
-
 class _TransportSocket(trsock.TransportSocket):
     """``get_extra_info('socket')``: asyncio's TransportSocket, whose socket
     object is made when first used for a transport opened on a bare fd (a
@@ -88,6 +81,17 @@ class _TransportSocket(trsock.TransportSocket):
 
 _new_tsock = _TransportSocket.__new__
 
+
+def _native_extra(fd, family, proto, peername, socket_fd):
+    """The extra info of the connection zuvrs set up natively on `fd`: its
+    names, and a TransportSocket whose socket object is made on `socket_fd`
+    when first used (-1: a closed one)."""
+    # (_TransportSocket's constructor for a bare fd, inline.)
+    tsock = _new_tsock(_TransportSocket)
+    tsock._pending = (socket_fd, family, proto)
+    sockname, peername = _tcp_names(fd, peername)
+    return {"socket": tsock, "sockname": sockname, "peername": peername}
+
 # What the extra info of a socket transport holds, and 'zuvrs_stats' (which
 # needs no dict); anything else it is asked for is the default until the
 # dict is made.
@@ -132,13 +136,8 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
 
     def _make_extra(self):
         """The extra info of a connection zuvrs set up natively."""
-        fd, family, proto, peername = self._pending_extra
-        self._pending_extra = None
-        # (_TransportSocket's constructor for a bare fd, inline.)
-        tsock = _new_tsock(_TransportSocket)
-        tsock._pending = (fd, family, proto)
-        sockname, peername = _tcp_names(fd, peername)
-        return {"socket": tsock, "sockname": sockname, "peername": peername}
+        pending, self._pending_extra = self._pending_extra, None
+        return _native_extra(*pending, pending[0])
 
     def __init__(self, loop, sock, protocol, waiter=None, extra=None, server=None):
         self._open_socket(loop, sock, extra)
@@ -255,10 +254,18 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
             self._release_fd(True)
 
     def _let_go_of_fd(self, core):
-        # The names are fetched now if nobody asked yet, for asking after
-        # the close.
-        self._extra["socket"]._let_go()
+        pending = self._pending_extra
+        if pending is None:
+            self._extra_dict["socket"]._let_go()
+        else:
+            # Nobody asked for the extra info yet: made now, for asking
+            # after the close (its socket object a closed one).
+            self._pending_extra = None
+            self._extra_dict = _native_extra(*pending, -1)
         core._close_handle()
         server, self._server = self._server, None
         if server is not None:
-            _detach_from(server, self)
+            if NATIVE_CLIENT_TRACKING or isinstance(server, Server):
+                server._detach(self)
+            else:
+                server._detach()
