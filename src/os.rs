@@ -269,6 +269,13 @@ pub(crate) mod net {
         }
     }
 
+    /// Closes `fd`, which the caller owns and gives up (a connection handed
+    /// over as a plain number, whose set-up failed).
+    pub(crate) fn close_owned(fd: RawFd) {
+        // SAFETY: the caller owns the descriptor and no one uses it after.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+
     /// A connection accepted on a listening socket, as a non-blocking,
     /// close-on-exec socket, its peer's address into `peer`; the errno on
     /// failure.

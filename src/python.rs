@@ -283,3 +283,55 @@ fn enum_member(py: Python<'_>, enum_name: &str, v: i32) -> PyResult<Py<PyAny>> {
         Err(_) => v.into_pyobject(py)?.into_any().unbind(),
     })
 }
+
+/// `server._detach(transport)` as the transport's server sees it: from
+/// 3.13 asyncio's Server tracks its transports; before, zuvrs's own Server
+/// subclass does (python/zuvrs/_server.py), and asyncio's plain one takes
+/// no argument.
+pub(crate) fn detach_from_server(server: &Bound<'_, PyAny>, transport: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = server.py();
+    let detach = pyo3::intern!(py, "_detach");
+    if cfg!(Py_3_13) || server.is_instance(zuvrs_server_class(py)?)? {
+        call_method(server, detach, (transport,))?;
+    } else {
+        call_method0(server, detach)?;
+    }
+    Ok(())
+}
+
+/// `zuvrs._server.Server`.
+fn zuvrs_server_class(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static SERVER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    Ok(SERVER.get_or_try_init(py, || py.import("zuvrs._server")?.getattr("Server").map(Bound::unbind))?.bind(py))
+}
+
+/// `server._attach(transport)`, asyncio's count of a server's connections
+/// (with the transport where the server tracks them: see
+/// `detach_from_server`).
+pub(crate) fn attach_to_server(server: &Bound<'_, PyAny>, transport: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = server.py();
+    let attach = pyo3::intern!(py, "_attach");
+    if cfg!(Py_3_13) || server.is_instance(zuvrs_server_class(py)?)? {
+        call_method(server, attach, (transport,))?;
+    } else {
+        call_method0(server, attach)?;
+    }
+    Ok(())
+}
+
+/// `asyncio.BufferedProtocol`.
+pub(crate) fn buffered_protocol_class(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    Ok(CLASS.get_or_try_init(py, || py.import("asyncio")?.getattr("BufferedProtocol").map(Bound::unbind))?.bind(py))
+}
+
+/// `asyncio.futures._set_result_unless_cancelled`: what a transport
+/// schedules to complete its waiter.
+pub(crate) fn set_result_unless_cancelled(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static FUNC: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    Ok(FUNC
+        .get_or_try_init(py, || {
+            py.import("asyncio.futures")?.getattr("_set_result_unless_cancelled").map(Bound::unbind)
+        })?
+        .bind(py))
+}

@@ -2015,3 +2015,53 @@ def test_write_of_4_gib_and_more_arrives_whole(loop):
         return counter.received
 
     assert run(loop, main(), timeout=150) == size
+
+
+def test_connection_lost_that_raises_still_ends_the_connection(loop):
+    """A protocol whose connection_lost() raises, on an accepted and on a
+    connected transport: the error reaches the exception handler, and the
+    connection still ends as it would have: the fd closed, the server's
+    wait_closed() done (the server no longer counts the connection), the
+    names and a closed socket still reported, the transport closing."""
+    contexts = collect_exceptions(loop)
+    before = fd_count()
+
+    class Failing(asyncio.Protocol):
+        def __init__(self, lost):
+            self.lost = lost
+
+        def connection_lost(self, exc):
+            self.lost.set_result(exc)
+            raise RuntimeError("lost " + ("server" if self.lost is server_lost else "client"))
+
+    server_lost = loop.create_future()
+    client_lost = loop.create_future()
+    made = []
+
+    def factory():
+        protocol = Failing(server_lost)
+        made.append(protocol)
+        return protocol
+
+    async def main():
+        server = await loop.create_server(factory, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await loop.create_connection(lambda: Failing(client_lost), "127.0.0.1", port)
+        await wait_until(lambda: made)
+        transport.close()
+        assert await asyncio.wait_for(client_lost, TIMEOUT) is None
+        assert await asyncio.wait_for(server_lost, TIMEOUT) is None
+        await asyncio.sleep(0)
+        server.close()
+        await asyncio.wait_for(server.wait_closed(), TIMEOUT)
+        return transport, port
+
+    transport, port = run(loop, main())
+    assert transport.is_closing()
+    assert transport.get_extra_info("peername") == ("127.0.0.1", port)
+    assert transport.get_extra_info("socket").fileno() == -1
+    errors = sorted(str(ctx.get("exception")) for _, ctx in contexts)
+    assert errors == ["lost client", "lost server"]
+    assert all(ctx["message"].startswith("Exception in callback") for _, ctx in contexts)
+    loop.close()
+    assert fd_count() <= before

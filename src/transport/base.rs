@@ -215,12 +215,18 @@ pub(crate) trait Transport: PyClass + Sync + Sized + 'static {
         ContextScope::enter(py, self.with_base(py, |b| b.context.clone_ref(py)))
     }
 
-    /// Schedules `wrapper._call_connection_lost(exc)` on the loop, in the
-    /// protocol's context.
+    /// What ends the connection: `wrapper._call_connection_lost`, unless
+    /// the core does it itself.
+    fn connection_lost_callback<'py>(&self, wrapper: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        wrapper.getattr(python::transport::_call_connection_lost(wrapper.py()))
+    }
+
+    /// Schedules `wrapper._call_connection_lost(exc)` (or the core's own
+    /// end) on the loop, in the protocol's context.
     fn schedule_connection_lost(&self, py: Python<'_>, exc: Option<Py<PyAny>>) -> PyResult<()> {
         let (loop_obj, wrapper, context) =
             self.with_base(py, |b| (b.loop_obj.clone_ref(py), b.wrapper.clone_ref(py), b.context.clone_ref(py)));
-        let cb = wrapper.bind(py).getattr(python::transport::_call_connection_lost(py))?;
+        let cb = self.connection_lost_callback(wrapper.bind(py))?;
         let exc = exc.unwrap_or_else(|| py.None()).into_bound(py);
         let call_soon = python::event_loop::call_soon(py);
         python::call_method_in_context(loop_obj.bind(py), call_soon, &[&cb, &exc], context.bind(py))?;

@@ -10,7 +10,6 @@ A connection that ends without anyone asking fetches its names as it lets
 go of the fd, so they can still be asked for after the close, as asyncio's.
 """
 
-import os
 import socket
 from asyncio import constants, protocols, transports, trsock
 
@@ -21,6 +20,7 @@ from ._base import CoreMethod, NativeTransport, WriteFlowControl, socket_extra
 __all__ = ("SocketTransport",)
 
 _open_core = _zuvrs.StreamCore.open
+_open_connected = _zuvrs.StreamCore.open_connected
 _tcp_names = _zuvrs.tcp_names
 _BufferedProtocol = protocols.BufferedProtocol
 
@@ -82,14 +82,20 @@ class _TransportSocket(trsock.TransportSocket):
 _new_tsock = _TransportSocket.__new__
 
 
-def _native_extra(fd, family, proto, peername, socket_fd):
-    """The extra info of the connection zuvrs set up natively on `fd`: its
-    names, and a TransportSocket whose socket object is made on `socket_fd`
-    when first used (-1: a closed one)."""
+def _native_extra(pending):
+    """The extra info of a connection zuvrs set up natively, from what its
+    transport keeps until then (``_pending_extra``): ``(fd, family, proto,
+    peername)`` while the fd is open (the names are fetched now, the socket
+    object made on the fd when first used), or ``(-1, family, proto,
+    sockname, peername)`` once the fd was let go (a closed socket object)."""
+    socket_fd, family, proto = pending[:3]
+    if len(pending) == 4:
+        sockname, peername = _tcp_names(socket_fd, pending[3])
+    else:
+        sockname, peername = pending[3:]
     # (_TransportSocket's constructor for a bare fd, inline.)
     tsock = _new_tsock(_TransportSocket)
     tsock._pending = (socket_fd, family, proto)
-    sockname, peername = _tcp_names(fd, peername)
     return {"socket": tsock, "sockname": sockname, "peername": peername}
 
 # What the extra info of a socket transport holds, and 'zuvrs_stats' (which
@@ -137,7 +143,7 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
     def _make_extra(self):
         """The extra info of a connection zuvrs set up natively."""
         pending, self._pending_extra = self._pending_extra, None
-        return _native_extra(*pending, pending[0])
+        return _native_extra(pending)
 
     def __init__(self, loop, sock, protocol, waiter=None, extra=None, server=None):
         self._open_socket(loop, sock, extra)
@@ -176,18 +182,17 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
     def _open_tcp(cls, loop, fd, family, proto, protocol, waiter=None, peername=None, server=None):
         """A transport over the connected TCP socket `fd` (from accept or
         connect; the transport owns it from now on, closing it if this
-        fails). The socket object behind get_extra_info('socket') is only
-        made when asked for."""
+        fails), with `protocol` connected: what ``__init__`` and
+        ``_connect`` do, the core doing all but the attributes
+        (src/transport/stream/socket.rs). The socket object behind
+        get_extra_info('socket') is only made when asked for."""
         self = cls.__new__(cls)
-        try:
-            self._loop = loop
-            self._fd = self._sock_fd = fd
-            self._pending_extra = (fd, family, proto, peername)
-            core = _open_core(loop, fd, self, False)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._connect(core, protocol, waiter, server)
+        self._loop = loop
+        self._fd = self._sock_fd = fd
+        self._pending_extra = (fd, family, proto, peername)
+        self._server = server
+        self._protocol_connected = True
+        self._core = _open_connected(loop, fd, self, protocol, waiter, server, cls is SocketTransport)
         return self
 
     def _connect(self, core, protocol, waiter, server, then=None):
@@ -195,6 +200,10 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
         self._core = core
         core.set_protocol(protocol, isinstance(protocol, _BufferedProtocol))
         self._protocol_connected = True
+        if type(self) is SocketTransport:
+            # The end is this class's, done by the core (a subclass's own
+            # _call_connection_lost is called).
+            core._end_natively()
         if server is not None:
             _attach_to(server, self)
         self._start(protocol, waiter, then=then)
@@ -254,18 +263,6 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
             self._release_fd(True)
 
     def _let_go_of_fd(self, core):
-        pending = self._pending_extra
-        if pending is None:
-            self._extra_dict["socket"]._let_go()
-        else:
-            # Nobody asked for the extra info yet: made now, for asking
-            # after the close (its socket object a closed one).
-            self._pending_extra = None
-            self._extra_dict = _native_extra(*pending, -1)
-        core._close_handle()
-        server, self._server = self._server, None
-        if server is not None:
-            if NATIVE_CLIENT_TRACKING or isinstance(server, Server):
-                server._detach(self)
-            else:
-                server._detach()
+        # The names kept for after the close, the handle closed, the server
+        # told (src/transport/stream/socket.rs).
+        core._let_go_of_fd(self)

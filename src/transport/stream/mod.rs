@@ -19,6 +19,7 @@
 
 mod reader;
 mod sink;
+mod socket;
 mod tls;
 mod writer;
 
@@ -110,6 +111,9 @@ pub(crate) struct StreamState {
     write_failed: bool,
     /// Native code that takes the reads meant for one protocol (sink.rs).
     sink: Option<Sink>,
+    /// The connection ends with the core's `_end` (socket.rs), not with
+    /// the Python transport's `_call_connection_lost`.
+    native_end: bool,
 }
 
 impl HasBase for StreamState {
@@ -143,6 +147,16 @@ impl Transport for StreamCore {
     #[inline]
     fn shared(&self) -> &LoopShared {
         self.link.get()
+    }
+
+    fn connection_lost_callback<'py>(&self, wrapper: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = wrapper.py();
+        if self.state.with(py, |st| st.native_end) {
+            if let Some(me) = self.state.with(py, |st| st.object(py)) {
+                return me.bind(py).getattr(pyo3::intern!(py, "_end"));
+            }
+        }
+        wrapper.getattr(python::transport::_call_connection_lost(py))
     }
 }
 
@@ -343,7 +357,7 @@ impl StreamCore {
     /// must be one epoll accepts (libuv aborts on an fd epoll refuses).
     #[staticmethod]
     #[pyo3(signature = (loop_obj, fd, wrapper, unix=false, pipe=false))]
-    fn open(
+    pub(super) fn open(
         py: Python<'_>,
         loop_obj: &Bound<'_, LoopCore>,
         fd: i32,
@@ -375,6 +389,7 @@ impl StreamCore {
                     dropped_writes: 0,
                     write_failed: false,
                     sink: None,
+                    native_end: false,
                 }),
             },
         )?;
@@ -384,6 +399,26 @@ impl StreamCore {
         me.state.with(py, |st| st.handle = Some(h));
         me.shared().register(py, ClientPtr(me as *const StreamCore));
         Ok(core)
+    }
+
+    /// A core on a TCP connection zuvrs accepted or connected, for the
+    /// plain socket transport `transport` (`plain`: of the class itself),
+    /// with its protocol connected and connection_made scheduled: see
+    /// socket.rs.
+    #[staticmethod]
+    #[pyo3(signature = (loop_obj, fd, transport, protocol, waiter, server, plain))]
+    #[allow(clippy::too_many_arguments)]
+    fn open_connected(
+        py: Python<'_>,
+        loop_obj: &Bound<'_, LoopCore>,
+        fd: i32,
+        transport: &Bound<'_, PyAny>,
+        protocol: &Bound<'_, PyAny>,
+        waiter: Option<&Bound<'_, PyAny>>,
+        server: Option<&Bound<'_, PyAny>>,
+        plain: bool,
+    ) -> PyResult<Py<StreamCore>> {
+        Self::open_tcp_connected(py, loop_obj, fd, transport, protocol, waiter, server, plain)
     }
 
     /// Starts delivering data (asyncio starts reading after connection_made).
@@ -512,6 +547,22 @@ impl StreamCore {
         self.close_handle(py);
     }
 
+    /// `SocketTransport._let_go_of_fd()` (socket.rs).
+    fn _let_go_of_fd(&self, py: Python<'_>, transport: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.let_go_of_fd(py, transport)
+    }
+
+    /// The end of this connection is this core's `_end` rather than the
+    /// Python transport's `_call_connection_lost` (socket.rs).
+    fn _end_natively(&self, py: Python<'_>) {
+        self.end_natively(py);
+    }
+
+    /// `SocketTransport._call_connection_lost(exc)`, natively (socket.rs).
+    fn _end(&self, py: Python<'_>, exc: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.end(py, exc)
+    }
+
     /// Resolves `future` once the write buffer is empty (now, if it is).
     fn _wait_drained(&self, py: Python<'_>, future: Py<PyAny>) -> PyResult<()> {
         let set = self.state.with(py, |st| {
@@ -623,7 +674,11 @@ impl StreamCore {
     /// Makes `wrapper` the Python transport this core calls back (a TLS
     /// transport takes over from the socket transport it started on).
     fn _set_wrapper(&self, py: Python<'_>, wrapper: Py<PyAny>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.base.wrapper, wrapper));
+        let old = self.state.with(py, |st| {
+            // The new transport ends the connection its own way.
+            st.native_end = false;
+            std::mem::replace(&mut st.base.wrapper, wrapper)
+        });
         drop(old);
     }
 
@@ -688,14 +743,7 @@ impl StreamCore {
     /// rather than left to the cyclic GC.
     #[pyo3(signature = (transport=false))]
     fn _forget_protocol(&self, py: Python<'_>, transport: bool) {
-        let old = self.state.with(py, |st| {
-            let wrapper = transport.then(|| std::mem::replace(&mut st.base.wrapper, py.None()));
-            (st.base.protocol.take(), wrapper, st.sink.take())
-        });
-        drop(old);
-        if transport {
-            self.tls_release_session(py);
-        }
+        self.forget_protocol(py, transport);
     }
 
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
@@ -707,5 +755,19 @@ impl StreamCore {
             }
             visit.call(&st.drain_waiter)
         })
+    }
+}
+
+impl StreamCore {
+    /// See `_forget_protocol`.
+    fn forget_protocol(&self, py: Python<'_>, transport: bool) {
+        let old = self.state.with(py, |st| {
+            let wrapper = transport.then(|| std::mem::replace(&mut st.base.wrapper, py.None()));
+            (st.base.protocol.take(), wrapper, st.sink.take())
+        });
+        drop(old);
+        if transport {
+            self.tls_release_session(py);
+        }
     }
 }
