@@ -457,6 +457,10 @@ def test_ssl_socket_given_resumes_before_first_data(loop, pki):
 def test_resume_reading_delivers_after_what_was_queued(loop, kind):
     """Data that waited while reading was paused comes after a callback
     queued right after resume_reading(), as the fd's next read callback."""
+    if sys.version_info < (3, 11) and isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop):
+        # asyncio 3.10 reads on after pause_reading() in connection_made()
+        # and has no pause_reading() on datagram transports: no reference.
+        pytest.skip("asyncio < 3.11 cannot pause reading in connection_made()")
 
     class Paused(Recorder):
         def connection_made(self, transport):
