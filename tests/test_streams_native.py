@@ -939,6 +939,164 @@ def test_install_outside_a_loop_raises_as_asyncio():
 # -- what is made on first use -------------------------------------------------------
 
 
+class _FakeTransport(asyncio.Transport):
+    """A transport that records what the protocol asks of it."""
+
+    def __init__(self, extra=None):
+        super().__init__(extra)
+        self.calls = []
+
+    def abort(self):
+        self.calls.append("abort")
+
+    def is_closing(self):
+        return False
+
+    def pause_reading(self):
+        self.calls.append("pause_reading")
+
+    def resume_reading(self):
+        self.calls.append("resume_reading")
+
+
+_PROTOCOL_ATTRIBUTES = (
+    "_paused",
+    "_connection_lost",
+    "_reject_connection",
+    "_over_ssl",
+    "_task",
+    "_transport",
+    "_source_traceback",
+)
+
+
+def _protocol_view(protocol, reader, cb):
+    """What asyncio's protocol shows of its state."""
+    view = {name: getattr(protocol, name) for name in _PROTOCOL_ATTRIBUTES}
+    view["_transport"] = type(view["_transport"]).__name__
+    view["_stream_reader"] = protocol._stream_reader is reader if reader is not None else protocol._stream_reader
+    view["_strong_reader"] = protocol._strong_reader is reader if cb is not None else "unset"
+    view["_client_connected_cb"] = protocol._client_connected_cb is cb
+    view["_drain_waiters"] = list(protocol._drain_waiters)
+    view["_closed"] = (type(protocol._closed).__name__, protocol._closed.done())
+    return view
+
+
+def _protocol_states(loop, streams):
+    """The protocol's attributes through its life, as asyncio's show them:
+    after __init__ (with and without a server callback), after
+    connection_made (the reader gets the transport; TLS or not), after
+    eof_received, and after connection_lost(exc) (the reader's exception,
+    the closing future's, the references dropped); every attribute can be
+    set and read back."""
+
+    def cb(reader, writer):
+        pass
+
+    async def main():
+        results = []
+        for callback in (None, cb):
+            reader = streams.StreamReader(loop=loop)
+            protocol = streams.StreamReaderProtocol(reader, callback, loop=loop)
+            states = [_protocol_view(protocol, reader, callback)]
+            transport = _FakeTransport({"sslcontext": None})
+            if callback is None:
+                protocol.connection_made(transport)
+                assert reader._transport is transport
+                states.append(_protocol_view(protocol, reader, None))
+                states.append(protocol.eof_received())
+                assert reader.at_eof()
+            exc = ConnectionResetError("gone")
+            protocol.connection_lost(exc)
+            states.append({name: getattr(protocol, name) for name in ("_connection_lost", "_transport", "_task")})
+            states.append((protocol._stream_reader, protocol._closed.exception() is exc))
+            for name, value in (("_paused", True), ("_over_ssl", True), ("_task", "t"), ("_transport", "x")):
+                setattr(protocol, name, value)
+                states.append((name, getattr(protocol, name)))
+            results.append(states)
+        tls = streams.StreamReaderProtocol(streams.StreamReader(loop=loop), loop=loop)
+        tls.connection_made(_FakeTransport({"sslcontext": object()}))
+        results.append((tls._over_ssl, tls.eof_received()))
+        return results
+
+    return run(loop, main())
+
+
+def test_protocol_state_as_asyncio(loop):
+    """See _protocol_states: asyncio's protocol and the native one show the
+    same state at every step."""
+    reference = _protocol_states(loop, asyncio)
+    assert reference[0][0]["_stream_reader"] is True
+    assert reference[-1] == (True, False)
+    native = _protocol_states(loop, zs)
+    for expected, got in zip(reference, native):
+        assert got == expected
+
+
+def test_rejected_connection_as_asyncio(loop, streams):
+    """A protocol whose stream was collected before the connection was made
+    (asyncio's _reject_connection) reports it and aborts the transport."""
+
+    async def main():
+        contexts = []
+        loop.set_exception_handler(lambda lp, ctx: contexts.append(ctx))
+        protocol = streams.StreamReaderProtocol(streams.StreamReader(loop=loop), loop=loop)
+        protocol._reject_connection = True
+        transport = _FakeTransport()
+        protocol.connection_made(transport)
+        return transport.calls, [c["message"] for c in contexts], protocol._transport
+
+    calls, messages, kept = run(loop, main())
+    assert calls == ["abort"]
+    assert len(messages) == 1 and messages[0].startswith("An open stream was garbage collected")
+    assert kept is None
+
+
+def test_lost_connection_wakes_paused_drains_with_its_error(loop, streams):
+    """Drains waiting while writing is paused end with the connection's
+    error when it is lost, and later drains raise at once."""
+
+    async def main():
+        server, (reader, writer), (_, peer) = await connected_pair(streams)
+        protocol = writer._protocol
+        protocol.pause_writing()
+        drains = [asyncio.ensure_future(writer.drain()) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert not any(d.done() for d in drains)
+        protocol.connection_lost(BrokenPipeError("lost"))
+        outcomes = [type(r).__name__ for r in await asyncio.gather(*drains, return_exceptions=True)]
+        with pytest.raises(BrokenPipeError):
+            # (The reader's exception, which drain() raises first.)
+            await writer.drain()
+        writer.transport.abort()
+        peer.close()
+        server.close()
+        await server.wait_closed()
+        return outcomes
+
+    assert run(loop, main()) == ["BrokenPipeError", "BrokenPipeError"]
+
+
+def test_protocol_made_without_a_loop_is_asyncio_s(loop, streams):
+    """A protocol made with no loop argument inside a running loop takes
+    that loop, as asyncio's does, and works over a real connection."""
+
+    async def main():
+        reader = streams.StreamReader()
+        protocol = streams.StreamReaderProtocol(reader)
+        assert protocol._loop is loop
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await loop.create_connection(lambda: protocol, "127.0.0.1", port)
+        data = await asyncio.wait_for(reader.read(), TIMEOUT)
+        transport.close()
+        server.close()
+        await server.wait_closed()
+        return data
+
+    assert run(loop, main()) == b""
+
+
 def test_close_waiter_and_done_future_as_asyncio(loop, streams):
     """wait_closed() before and after the end, a close with an error that
     nobody retrieves (not reported), and the writer's completed future."""

@@ -38,8 +38,7 @@ import asyncio
 import collections.abc
 import functools
 import sys
-import weakref
-from asyncio import coroutines, events, format_helpers
+from asyncio import events, format_helpers
 from asyncio import streams as _aio
 from collections.abc import Awaitable, Callable
 from typing import Any, Union
@@ -69,14 +68,6 @@ _ClientConnected = Callable[["StreamReader", "StreamWriter"], Union[Awaitable[No
 # The reads' awaitables are coroutines as far as asyncio can tell.
 collections.abc.Coroutine.register(_zuvrs.StreamRead)
 collections.abc.Coroutine.register(_zuvrs.Completed)
-
-# SocketTransport's own get_extra_info (connection_made knows what it answers
-# for 'sslcontext' while the method is this one).
-_SOCKET_GET_EXTRA_INFO = SocketTransport.get_extra_info
-
-# Transports whose core can feed a reader natively.
-_NATIVE_STREAM_TRANSPORTS = (SocketTransport, SSLTransport)
-_attach_reader = _zuvrs.attach_reader
 
 # Which methods each native one stands in for asyncio's on top of: when a
 # subclass overrides one of those, the method is asyncio's for it.
@@ -112,101 +103,22 @@ class StreamReader(_zuvrs.StreamReaderCore, _aio.StreamReader):
                 setattr(cls, name, getattr(_aio.StreamReader, name))
 
 
-class StreamReaderProtocol(_aio.StreamReaderProtocol):
-    """asyncio.StreamReaderProtocol whose zuvrs transport feeds a native
-    reader directly, and whose server connections get zuvrs writers.
+class StreamReaderProtocol(_zuvrs.StreamReaderProtocolCore, _aio.StreamReaderProtocol):
+    """asyncio.StreamReaderProtocol with its state and once-per-connection
+    steps native (src/streams/protocol.rs): a zuvrs transport feeds its
+    native reader directly, and its server connections get zuvrs writers.
 
     Two of asyncio's per-connection objects are made when first used: the
     deque of drain waiters (a drain only waits while writing is paused) and
     the future ``wait_closed()`` awaits (made done if the connection is over
     already). A connection that nobody waits on makes neither."""
 
-    # Where the lazily made objects are kept, and (exc,) once the
-    # connection is lost before anyone asked for the closing future.
-    _drain_waiters_deque = None
-    _closed_future = None
-    _closed_by = None
-
     def __init__(self, stream_reader, client_connected_cb=None, loop=None):
         if loop is None:
             # asyncio's choice of loop, with its warnings.
             super().__init__(stream_reader, client_connected_cb)
             return
-        # asyncio's state (FlowControlMixin's, then its own) without the
-        # objects made on first use.
-        self._loop = loop
-        self._paused = False
-        self._connection_lost = False
-        if stream_reader is not None:
-            self._stream_reader_wr = weakref.ref(stream_reader)
-            self._source_traceback = stream_reader._source_traceback
-        else:
-            self._stream_reader_wr = None
-        if client_connected_cb is not None:
-            # A server's: the reader lives until the connection is made.
-            self._strong_reader = stream_reader
-        self._reject_connection = False
-        if _KEEPS_SERVER_WRITER:
-            self._stream_writer = None
-        self._task = None
-        self._transport = None
-        self._client_connected_cb = client_connected_cb
-        self._over_ssl = False
-
-    @property
-    def _drain_waiters(self):
-        waiters = self._drain_waiters_deque
-        if waiters is None:
-            waiters = self._drain_waiters_deque = collections.deque()
-        return waiters
-
-    @_drain_waiters.setter
-    def _drain_waiters(self, waiters):
-        self._drain_waiters_deque = waiters
-
-    @property
-    def _closed(self):
-        closed = self._closed_future
-        if closed is None:
-            closed = self._closed_future = self._loop.create_future()
-            if self._closed_by is not None:
-                # The connection is over already: with its outcome.
-                _settle(closed, self._closed_by[0])
-        return closed
-
-    @_closed.setter
-    def _closed(self, future):
-        self._closed_future = future
-
-    def connection_lost(self, exc):
-        # asyncio's (this class's and FlowControlMixin's), with the closing
-        # future made only if it is wanted.
-        reader = self._stream_reader
-        if reader is not None:
-            if exc is None:
-                reader.feed_eof()
-            else:
-                reader.set_exception(exc)
-        closed = self._closed_future
-        if closed is None:
-            self._closed_by = (exc,)
-        elif not closed.done():
-            _settle(closed, exc)
-        self._connection_lost = True
-        if self._paused:
-            for waiter in self._drain_waiters:
-                if not waiter.done():
-                    if exc is None:
-                        waiter.set_result(None)
-                    else:
-                        waiter.set_exception(exc)
-        self._stream_reader_wr = None
-        self._stream_writer = None
-        self._task = None
-        self._transport = None
-
-    def _get_close_waiter(self, stream):
-        return self._closed
+        self._set_up(stream_reader, client_connected_cb, loop)
 
     def __del__(self):
         # asyncio's: an exception the closing future holds is taken, so it
@@ -214,82 +126,6 @@ class StreamReaderProtocol(_aio.StreamReaderProtocol):
         closed = self._closed_future
         if closed is not None and closed.done() and not closed.cancelled():
             closed.exception()
-
-    def connection_made(self, transport):
-        # asyncio's steps without the server's (they would make asyncio's
-        # own writer): the rejection check (asyncio's own), the transport
-        # given to the protocol and the reader, and whether it is TLS.
-        client_connected_cb = self._client_connected_cb
-        if self._reject_connection:
-            self._client_connected_cb = None
-            try:
-                super().connection_made(transport)
-            finally:
-                self._client_connected_cb = client_connected_cb
-            return
-        self._transport = transport
-        reader = self._stream_reader
-        if reader is not None:
-            reader.set_transport(transport)
-        if (
-            type(transport) is SocketTransport
-            and transport._extra_dict is None
-            and SocketTransport.get_extra_info is _SOCKET_GET_EXTRA_INFO
-        ):
-            # A connection zuvrs set up, whose extra info is not made yet:
-            # it has no 'sslcontext' (asking would make nothing either).
-            self._over_ssl = False
-        else:
-            self._over_ssl = transport.get_extra_info("sslcontext") is not None
-        if (
-            reader is not None
-            and isinstance(transport, _NATIVE_STREAM_TRANSPORTS)
-            and type(reader).feed_data is StreamReader.feed_data
-            and type(self).data_received is _aio.StreamReaderProtocol.data_received
-        ):
-            _attach_reader(transport._core, self, reader)
-        if client_connected_cb is not None:
-            self._serve(transport, reader, client_connected_cb)
-
-    def _serve(self, transport, reader, client_connected_cb):
-        """A server's connection: the writer, and the callback run (a
-        coroutine as a task), as asyncio does on this Python."""
-        writer = StreamWriter(transport, self, reader, self._loop)
-        if _KEEPS_SERVER_WRITER:
-            self._stream_writer = writer
-        res = client_connected_cb(reader, writer)
-        if coroutines.iscoroutine(res):
-            self._task = self._loop.create_task(res)
-            if _REPORTS_HANDLER_FAILURE:
-                self._task.add_done_callback(functools.partial(_handler_done, self._loop, transport))
-        self._strong_reader = None
-
-
-def _settle(future, exc):
-    if exc is None:
-        future.set_result(None)
-    else:
-        future.set_exception(exc)
-
-
-# Up to 3.12 the protocol keeps the server's writer; from 3.11 a handler
-# that fails is reported and its transport closed; from 3.13 a cancelled one
-# closes it too.
-_KEEPS_SERVER_WRITER = sys.version_info < (3, 13)
-_REPORTS_HANDLER_FAILURE = sys.version_info >= (3, 11)
-_CANCELLED_HANDLER_CLOSES = sys.version_info >= (3, 13)
-
-
-def _handler_done(loop, transport, task):
-    if _CANCELLED_HANDLER_CLOSES and task.cancelled():
-        transport.close()
-        return
-    exc = task.exception()
-    if exc is not None:
-        loop.call_exception_handler(
-            {"message": "Unhandled exception in client_connected_cb", "exception": exc, "transport": transport}
-        )
-        transport.close()
 
 
 class StreamWriter(_zuvrs.StreamWriterCore, _aio.StreamWriter):
@@ -303,6 +139,12 @@ class StreamWriter(_zuvrs.StreamWriterCore, _aio.StreamWriter):
 
     # What drain() returns when it has to wait or raise.
     _drain_coroutine = _aio.StreamWriter.drain
+
+
+# What the protocol's connection_made decides by: the transports whose core
+# can feed a reader natively (and SocketTransport's own get_extra_info,
+# read there), the reader whose feed_data that is, the server's writer.
+_zuvrs.StreamReaderProtocolCore._configure(SocketTransport, SSLTransport, StreamReader.feed_data, StreamWriter)
 
 
 # -- the four functions -------------------------------------------------------

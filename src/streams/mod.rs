@@ -13,6 +13,9 @@
 //!   already complete one a drain with nothing to wait for returns
 //! - writer.rs: `WriterCore`, write and writelines straight to the
 //!   transport's core, drain without a coroutine frame
+//! - protocol.rs: `ProtocolCore`, a StreamReaderProtocol's state and its
+//!   once-per-connection steps (connection_made, connection_lost, a
+//!   server's writer and handler task)
 //!
 //! A zuvrs transport feeds a reader without Python: `attach_reader` makes
 //! the reader the sink of its protocol's reads (transport/stream/sink.rs).
@@ -20,6 +23,7 @@
 
 mod buffer;
 mod ops;
+mod protocol;
 mod reader;
 mod state;
 mod writer;
@@ -52,6 +56,7 @@ pub(crate) fn register(m: &Bound<'_, pyo3::types::PyModule>) -> PyResult<()> {
     m.add_class::<ReadOp>()?;
     m.add_class::<Completed>()?;
     m.add_function(wrap_pyfunction!(attach_reader, m)?)?;
+    protocol::register(m)?;
     ops::install_slots(m.py());
     Ok(())
 }

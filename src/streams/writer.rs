@@ -101,7 +101,11 @@ impl WriterCore {
         if closing {
             return false;
         }
-        let flag = |name| protocol.bind(py).getattr(name).map_or(true, |v| v.is_truthy().unwrap_or(true));
+        let protocol = protocol.bind(py);
+        if let Some((lost, paused)) = super::protocol::flow_state(protocol) {
+            return !lost && !paused;
+        }
+        let flag = |name| protocol.getattr(name).map_or(true, |v| v.is_truthy().unwrap_or(true));
         !flag(python::streams::_connection_lost(py)) && !flag(python::streams::_paused(py))
     }
 
