@@ -15,7 +15,9 @@ hold) whose per-read and per-write work is native (src/streams):
 - ``StreamReaderProtocol``: on a zuvrs transport (TCP, Unix, TLS), the
   transport appends what it reads to the reader directly, with no
   ``data_received`` frame; flow control is asyncio's (reading pauses above
-  twice the limit and resumes at or below it).
+  twice the limit and resumes at or below it). Its state and its steps
+  once per connection (``connection_made``, with a server's writer and
+  handler task, ``connection_lost``, ``eof_received``) are native.
 - ``StreamWriter``: ``write`` / ``writelines`` go straight to a zuvrs
   transport's core, and ``drain()`` is complete at once (no coroutine frame)
   when writing is not paused and there is nothing to raise.
