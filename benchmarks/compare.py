@@ -20,7 +20,8 @@ Usage (from the repository root)::
 
 A before/after comparison of a change: build the other commit's wheel,
 unzip it into a directory and name it in ZUVRS_BASE; the loop
-``zuvrs-base`` is that build (it takes part only when named)::
+``zuvrs-base`` is that build, and ``zuvrs-base-streams`` that build with its
+native streams installed (they take part only when named)::
 
     git worktree add /tmp/base <commit> && (cd /tmp/base && maturin build --release -o /tmp/base-wheel)
     unzip -q /tmp/base-wheel/*.whl -d /tmp/base-pkg
@@ -248,7 +249,7 @@ RATIO_BASES = ("uvloop", "asyncio", "rloop", "rsloop")
 #: the summary's ratio columns: (subject, bases); a column appears when
 #: both loops take part in the run
 SUMMARY_RATIOS = (("zuvrs", RATIO_BASES + ("zuvrs-base",)),
-                  ("zuvrs-streams", ("uvloop", "zuvrs", "rsloop")))
+                  ("zuvrs-streams", ("uvloop", "zuvrs", "rsloop", "zuvrs-base-streams")))
 
 
 # --------------------------------------------------------------------------

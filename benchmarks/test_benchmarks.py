@@ -1056,13 +1056,14 @@ def test_zuvrs_base_needs_its_directory(monkeypatch, tmp_path) -> None:
     """zuvrs-base (another commit's build, for before/after runs) is
     unavailable, not silently the installed zuvrs, when ZUVRS_BASE names no
     directory with a zuvrs package; and it is no default loop."""
-    assert "zuvrs-base" not in workloads.LOOP_NAMES
-    monkeypatch.delenv(workloads.BASE_ENV, raising=False)
-    with pytest.raises(workloads.LoopUnavailable):
-        workloads.get_loop_factory("zuvrs-base")
-    monkeypatch.setenv(workloads.BASE_ENV, str(tmp_path))
-    with pytest.raises(workloads.LoopUnavailable):
-        workloads.get_loop_factory("zuvrs-base")
+    for name in ("zuvrs-base", "zuvrs-base-streams"):
+        assert name not in workloads.LOOP_NAMES
+        monkeypatch.delenv(workloads.BASE_ENV, raising=False)
+        with pytest.raises(workloads.LoopUnavailable):
+            workloads.get_loop_factory(name)
+        monkeypatch.setenv(workloads.BASE_ENV, str(tmp_path))
+        with pytest.raises(workloads.LoopUnavailable):
+            workloads.get_loop_factory(name)
 
 
 def test_bulk_flow_floor_moves_the_bytes() -> None:

@@ -78,8 +78,9 @@ HTTP_LOOP_NAMES = ("asyncio", "uvloop", "rloop", "zuvrs")
 #: loops that take part only when asked for: ``zuvrs-base`` is zuvrs as
 #: built from another commit, the package in the directory that the
 #: environment variable ZUVRS_BASE names (a wheel unpacked there, see
-#: compare.py), for a before/after comparison of a change in one run
-EXTRA_LOOP_NAMES = ("zuvrs-base",)
+#: compare.py), for a before/after comparison of a change in one run;
+#: ``zuvrs-base-streams`` the same with its native streams installed
+EXTRA_LOOP_NAMES = ("zuvrs-base", "zuvrs-base-streams")
 #: where zuvrs-base's package is
 BASE_ENV = "ZUVRS_BASE"
 
@@ -92,6 +93,7 @@ _LOOP_MODULES = {
     "zuvrs": ("zuvrs", "new_event_loop"),
     "zuvrs-streams": ("zuvrs", "new_event_loop"),
     "zuvrs-base": ("zuvrs", "new_event_loop"),
+    "zuvrs-base-streams": ("zuvrs", "new_event_loop"),
 }
 
 _ASYNCIO_READER = "asyncio.streams.StreamReader"
@@ -111,6 +113,8 @@ STREAM_READERS: Dict[str, Dict[str, str]] = {
     "zuvrs-streams": {"tcp": "zuvrs.streams.StreamReader",
                       "unix": "zuvrs.streams.StreamReader"},
     "zuvrs-base": {"tcp": _ASYNCIO_READER, "unix": _ASYNCIO_READER},
+    "zuvrs-base-streams": {"tcp": "zuvrs.streams.StreamReader",
+                           "unix": "zuvrs.streams.StreamReader"},
 }
 
 #: what a loop's column is besides "the loop" (compare.py's provenance)
@@ -125,6 +129,7 @@ LOOP_NOTES = {
                      "zuvrs.streams' native StreamReader / StreamWriter",
     "zuvrs-base": "zuvrs built from another commit (the package in "
                   "$ZUVRS_BASE), asyncio's streams",
+    "zuvrs-base-streams": "zuvrs-base with zuvrs.streams.install()",
 }
 
 
@@ -146,6 +151,7 @@ def _install_zuvrs_streams() -> None:
 #: name -> what the loop's factory does before it makes each loop
 _LOOP_PREPARE: Dict[str, Callable[[], None]] = {
     "zuvrs-streams": _install_zuvrs_streams,
+    "zuvrs-base-streams": _install_zuvrs_streams,
 }
 
 
@@ -154,7 +160,7 @@ def release_loop(name: str) -> None:
     be undone (zuvrs-streams: zuvrs.streams.uninstall()); for tests that run
     several loops in one process. rsloop's import-time patches stay (they
     apply to rsloop loops only)."""
-    if name == "zuvrs-streams" and "zuvrs.streams" in sys.modules:
+    if name in ("zuvrs-streams", "zuvrs-base-streams") and "zuvrs.streams" in sys.modules:
         sys.modules["zuvrs.streams"].uninstall()
 
 
@@ -172,7 +178,7 @@ def get_loop_factory(name: str) -> LoopFactory:
         raise ValueError(
             f"unknown loop {name!r}; known: {', '.join(LOOP_NAMES + EXTRA_LOOP_NAMES)}"
         ) from None
-    if name == "zuvrs-base":
+    if name.startswith("zuvrs-base"):
         base = os.environ.get(BASE_ENV)
         if not base or not os.path.isdir(os.path.join(base, "zuvrs")):
             raise LoopUnavailable(f"zuvrs-base: ${BASE_ENV} names no directory holding zuvrs")

@@ -411,7 +411,7 @@ impl StreamCore {
     fn open_connected(
         py: Python<'_>,
         loop_obj: &Bound<'_, LoopCore>,
-        fd: i32,
+        fd: &Bound<'_, pyo3::types::PyInt>,
         transport: &Bound<'_, PyAny>,
         protocol: &Bound<'_, PyAny>,
         waiter: Option<&Bound<'_, PyAny>>,

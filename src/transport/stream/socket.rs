@@ -19,7 +19,7 @@ use std::os::fd::AsRawFd;
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyInt, PyTuple};
 
 use super::StreamCore;
 use crate::eventloop::LoopCore;
@@ -41,13 +41,14 @@ impl StreamCore {
     pub(super) fn open_tcp_connected(
         py: Python<'_>,
         loop_obj: &Bound<'_, LoopCore>,
-        fd: i32,
+        fd_obj: &Bound<'_, PyInt>,
         transport: &Bound<'_, PyAny>,
         protocol: &Bound<'_, PyAny>,
         waiter: Option<&Bound<'_, PyAny>>,
         server: Option<&Bound<'_, PyAny>>,
         plain: bool,
     ) -> PyResult<Py<StreamCore>> {
+        let fd: i32 = fd_obj.extract()?;
         let core = match StreamCore::open(py, loop_obj, fd, transport.clone().unbind(), false, false) {
             Ok(core) => core,
             Err(err) => {
@@ -65,7 +66,9 @@ impl StreamCore {
             python::attach_to_server(server, transport)?;
         }
         let registry = loop_obj.getattr(intern!(py, "_native_transports"))?;
-        registry.cast::<PyDict>()?.set_item(fd, transport)?;
+        // (Keyed by the transport's own `_fd` object, as asyncio's `_start`
+        // does: no int of its own per connection.)
+        registry.cast::<PyDict>()?.set_item(fd_obj, transport)?;
         let call_soon = python::event_loop::call_soon(py);
         let context = me.with_base(py, |b| b.context.clone_ref(py));
         let made = protocol.getattr(intern!(py, "connection_made"))?;
