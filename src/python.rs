@@ -289,12 +289,20 @@ fn enum_member(py: Python<'_>, enum_name: &str, v: i32) -> PyResult<Py<PyAny>> {
 /// subclass does (python/zuvrs/_server.py), and asyncio's plain one takes
 /// no argument.
 pub(crate) fn detach_from_server(server: &Bound<'_, PyAny>, transport: &Bound<'_, PyAny>) -> PyResult<()> {
-    let py = server.py();
-    let detach = pyo3::intern!(py, "_detach");
-    if cfg!(Py_3_13) || server.is_instance(zuvrs_server_class(py)?)? {
-        call_method(server, detach, (transport,))?;
+    server_count(server, transport, pyo3::intern!(server.py(), "_detach"))
+}
+
+/// `server._attach(transport)`, asyncio's count of a server's connections
+/// (with the transport where the server tracks them, as above).
+pub(crate) fn attach_to_server(server: &Bound<'_, PyAny>, transport: &Bound<'_, PyAny>) -> PyResult<()> {
+    server_count(server, transport, pyo3::intern!(server.py(), "_attach"))
+}
+
+fn server_count(server: &Bound<'_, PyAny>, transport: &Bound<'_, PyAny>, method: &Bound<'_, PyString>) -> PyResult<()> {
+    if cfg!(Py_3_13) || server.is_instance(zuvrs_server_class(server.py())?)? {
+        call_method(server, method, (transport,))?;
     } else {
-        call_method0(server, detach)?;
+        call_method0(server, method)?;
     }
     Ok(())
 }
@@ -303,20 +311,6 @@ pub(crate) fn detach_from_server(server: &Bound<'_, PyAny>, transport: &Bound<'_
 fn zuvrs_server_class(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     static SERVER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     Ok(SERVER.get_or_try_init(py, || py.import("zuvrs._server")?.getattr("Server").map(Bound::unbind))?.bind(py))
-}
-
-/// `server._attach(transport)`, asyncio's count of a server's connections
-/// (with the transport where the server tracks them: see
-/// `detach_from_server`).
-pub(crate) fn attach_to_server(server: &Bound<'_, PyAny>, transport: &Bound<'_, PyAny>) -> PyResult<()> {
-    let py = server.py();
-    let attach = pyo3::intern!(py, "_attach");
-    if cfg!(Py_3_13) || server.is_instance(zuvrs_server_class(py)?)? {
-        call_method(server, attach, (transport,))?;
-    } else {
-        call_method0(server, attach)?;
-    }
-    Ok(())
 }
 
 /// `asyncio.BufferedProtocol`.

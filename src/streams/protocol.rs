@@ -113,6 +113,29 @@ fn or_none(py: Python<'_>, value: &Option<Py<PyAny>>) -> Py<PyAny> {
 }
 
 impl ProtocolCore {
+    /// An optional field, as Python sees it (None when absent).
+    fn field(&self, py: Python<'_>, f: fn(&mut ProtocolState) -> &mut Option<Py<PyAny>>) -> Py<PyAny> {
+        self.state.with(py, |st| or_none(py, f(st)))
+    }
+
+    /// Sets an optional field (None, or a deletion, makes it absent).
+    fn set_field(&self, py: Python<'_>, f: fn(&mut ProtocolState) -> &mut Option<Py<PyAny>>, value: Option<Py<PyAny>>) {
+        let old = self.state.with(py, |st| std::mem::replace(f(st), none_as_absent(py, value)));
+        drop(old);
+    }
+
+    /// Sets a flag to the truth of `value` (a deletion clears it).
+    fn set_flag(
+        &self,
+        py: Python<'_>,
+        f: fn(&mut ProtocolState) -> &mut bool,
+        value: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let value = value.map_or(Ok(false), |v| v.is_truthy())?;
+        self.state.with(py, |st| *f(st) = value);
+        Ok(())
+    }
+
     fn reader<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(wr) = self.state.with(py, |st| st.reader_wr.as_ref().map(|w| w.clone_ref(py))) else {
             return Ok(None);
@@ -427,15 +450,14 @@ impl ProtocolCore {
 
     #[setter(_closed)]
     fn set_closed(&self, py: Python<'_>, fut: Option<Py<PyAny>>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.closed, none_as_absent(py, fut)));
-        drop(old);
+        self.set_field(py, |st| &mut st.closed, fut);
     }
 
     /// The closing future if it was made (None otherwise): what `__del__`
     /// looks at.
     #[getter(_closed_future)]
     fn get_closed_future(&self, py: Python<'_>) -> Py<PyAny> {
-        self.state.with(py, |st| or_none(py, &st.closed))
+        self.field(py, |st| &mut st.closed)
     }
 
     #[getter(_drain_waiters)]
@@ -450,19 +472,17 @@ impl ProtocolCore {
 
     #[setter(_drain_waiters)]
     fn set_drain_waiters(&self, py: Python<'_>, waiters: Option<Py<PyAny>>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.drain_waiters, none_as_absent(py, waiters)));
-        drop(old);
+        self.set_field(py, |st| &mut st.drain_waiters, waiters);
     }
 
     #[getter(_loop)]
     fn get_loop(&self, py: Python<'_>) -> Py<PyAny> {
-        self.state.with(py, |st| or_none(py, &st.loop_obj))
+        self.field(py, |st| &mut st.loop_obj)
     }
 
     #[setter(_loop)]
     fn set_loop(&self, py: Python<'_>, value: Option<Py<PyAny>>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.loop_obj, none_as_absent(py, value)));
-        drop(old);
+        self.set_field(py, |st| &mut st.loop_obj, value);
     }
 
     #[getter(_paused)]
@@ -472,9 +492,7 @@ impl ProtocolCore {
 
     #[setter(_paused)]
     fn set_paused(&self, py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let value = value.map_or(Ok(false), |v| v.is_truthy())?;
-        self.state.with(py, |st| st.paused = value);
-        Ok(())
+        self.set_flag(py, |st| &mut st.paused, value)
     }
 
     #[getter(_connection_lost)]
@@ -484,9 +502,7 @@ impl ProtocolCore {
 
     #[setter(_connection_lost)]
     fn set_connection_lost(&self, py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let value = value.map_or(Ok(false), |v| v.is_truthy())?;
-        self.state.with(py, |st| st.connection_lost = value);
-        Ok(())
+        self.set_flag(py, |st| &mut st.connection_lost, value)
     }
 
     #[getter(_reject_connection)]
@@ -496,9 +512,7 @@ impl ProtocolCore {
 
     #[setter(_reject_connection)]
     fn set_reject_connection(&self, py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let value = value.map_or(Ok(false), |v| v.is_truthy())?;
-        self.state.with(py, |st| st.reject_connection = value);
-        Ok(())
+        self.set_flag(py, |st| &mut st.reject_connection, value)
     }
 
     #[getter(_over_ssl)]
@@ -508,86 +522,77 @@ impl ProtocolCore {
 
     #[setter(_over_ssl)]
     fn set_over_ssl(&self, py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let value = value.map_or(Ok(false), |v| v.is_truthy())?;
-        self.state.with(py, |st| st.over_ssl = value);
-        Ok(())
+        self.set_flag(py, |st| &mut st.over_ssl, value)
     }
 
     #[getter(_stream_reader_wr)]
     fn get_stream_reader_wr(&self, py: Python<'_>) -> Py<PyAny> {
-        self.state.with(py, |st| or_none(py, &st.reader_wr))
+        self.field(py, |st| &mut st.reader_wr)
     }
 
     #[setter(_stream_reader_wr)]
     fn set_stream_reader_wr(&self, py: Python<'_>, value: Option<Py<PyAny>>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.reader_wr, none_as_absent(py, value)));
-        drop(old);
+        self.set_field(py, |st| &mut st.reader_wr, value);
     }
 
     #[getter(_source_traceback)]
     fn get_source_traceback(&self, py: Python<'_>) -> Py<PyAny> {
-        self.state.with(py, |st| or_none(py, &st.source_traceback))
+        self.field(py, |st| &mut st.source_traceback)
     }
 
     #[setter(_source_traceback)]
     fn set_source_traceback(&self, py: Python<'_>, value: Option<Py<PyAny>>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.source_traceback, none_as_absent(py, value)));
-        drop(old);
+        self.set_field(py, |st| &mut st.source_traceback, value);
     }
 
     #[getter(_strong_reader)]
     fn get_strong_reader(&self, py: Python<'_>) -> Py<PyAny> {
-        self.state.with(py, |st| or_none(py, &st.strong_reader))
+        self.field(py, |st| &mut st.strong_reader)
     }
 
     #[setter(_strong_reader)]
     fn set_strong_reader(&self, py: Python<'_>, value: Option<Py<PyAny>>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.strong_reader, none_as_absent(py, value)));
-        drop(old);
+        self.set_field(py, |st| &mut st.strong_reader, value);
     }
 
     #[getter(_stream_writer)]
     fn get_stream_writer(&self, py: Python<'_>) -> Py<PyAny> {
-        self.state.with(py, |st| or_none(py, &st.stream_writer))
+        self.field(py, |st| &mut st.stream_writer)
     }
 
     #[setter(_stream_writer)]
     fn set_stream_writer(&self, py: Python<'_>, value: Option<Py<PyAny>>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.stream_writer, none_as_absent(py, value)));
-        drop(old);
+        self.set_field(py, |st| &mut st.stream_writer, value);
     }
 
     #[getter(_task)]
     fn get_task(&self, py: Python<'_>) -> Py<PyAny> {
-        self.state.with(py, |st| or_none(py, &st.task))
+        self.field(py, |st| &mut st.task)
     }
 
     #[setter(_task)]
     fn set_task(&self, py: Python<'_>, value: Option<Py<PyAny>>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.task, none_as_absent(py, value)));
-        drop(old);
+        self.set_field(py, |st| &mut st.task, value);
     }
 
     #[getter(_transport)]
     fn get_transport(&self, py: Python<'_>) -> Py<PyAny> {
-        self.state.with(py, |st| or_none(py, &st.transport))
+        self.field(py, |st| &mut st.transport)
     }
 
     #[setter(_transport)]
     fn set_transport(&self, py: Python<'_>, value: Option<Py<PyAny>>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.transport, none_as_absent(py, value)));
-        drop(old);
+        self.set_field(py, |st| &mut st.transport, value);
     }
 
     #[getter(_client_connected_cb)]
     fn get_client_connected_cb(&self, py: Python<'_>) -> Py<PyAny> {
-        self.state.with(py, |st| or_none(py, &st.client_connected_cb))
+        self.field(py, |st| &mut st.client_connected_cb)
     }
 
     #[setter(_client_connected_cb)]
     fn set_client_connected_cb(&self, py: Python<'_>, value: Option<Py<PyAny>>) {
-        let old = self.state.with(py, |st| std::mem::replace(&mut st.client_connected_cb, none_as_absent(py, value)));
-        drop(old);
+        self.set_field(py, |st| &mut st.client_connected_cb, value);
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
