@@ -1083,6 +1083,9 @@ pub(crate) mod eventloop {
         /// Bounds the poll at the earliest timer deadline (unreferenced); its
         /// callback is empty, the heap is processed after `uv_run` returns.
         timer: UvHandle<sys::uv_timer_t>,
+        /// Repeats while clients want housekeeping (unreferenced); its
+        /// callback only marks it due, run after `uv_run` returns.
+        housekeeping: UvHandle<sys::uv_timer_t>,
         /// Made at the first `add_reader` / `add_writer`.
         fds: OnceCell<FdPoll>,
         /// In `uv_run` (which must not be re-entered).
@@ -1113,6 +1116,7 @@ pub(crate) mod eventloop {
             let wake = UvHandle::<sys::uv_async_t>::zeroed();
             let prepare = UvHandle::<sys::uv_prepare_t>::zeroed();
             let timer = UvHandle::<sys::uv_timer_t>::zeroed();
+            let housekeeping = UvHandle::<sys::uv_timer_t>::zeroed();
             // SAFETY: fresh handles initialised on the fresh loop (prepare and
             // timer inits cannot fail). If the first init fails, nothing is
             // on the loop: the handles are freed directly and the loop closed.
@@ -1122,6 +1126,7 @@ pub(crate) mod eventloop {
                     wake.free_uninit();
                     prepare.free_uninit();
                     timer.free_uninit();
+                    housekeeping.free_uninit();
                     uv.close();
                     return Err(rc);
                 }
@@ -1129,12 +1134,15 @@ pub(crate) mod eventloop {
                 sys::uv_unref(prepare.as_handle());
                 sys::uv_timer_init(uv.raw(), timer.raw());
                 sys::uv_unref(timer.as_handle());
+                sys::uv_timer_init(uv.raw(), housekeeping.raw());
+                sys::uv_unref(housekeeping.as_handle());
             }
             let inner = Inner {
                 uv,
                 wake,
                 prepare,
                 timer,
+                housekeeping,
                 fds: OnceCell::new(),
                 running: Cell::new(false),
                 close_asked: Cell::new(false),
@@ -1215,6 +1223,26 @@ pub(crate) mod eventloop {
             if let Some(i) = self.get() {
                 // SAFETY: an open timer handle.
                 unsafe { sys::uv_timer_stop(i.timer.raw()) };
+            }
+        }
+
+        /// Starts the housekeeping timer, every `period_ms` (unless it runs).
+        pub(crate) fn housekeeping_start(&self, _py: Python<'_>, period_ms: u64) {
+            if let Some(i) = self.get() {
+                // SAFETY: an open timer handle; its callback finds the loop
+                // state in the loop's data (or nothing).
+                unsafe {
+                    if sys::uv_is_active(i.housekeeping.as_handle()) == 0 {
+                        sys::uv_timer_start(i.housekeeping.raw(), Some(on_housekeeping), period_ms, period_ms);
+                    }
+                }
+            }
+        }
+
+        pub(crate) fn housekeeping_stop(&self, _py: Python<'_>) {
+            if let Some(i) = self.get() {
+                // SAFETY: an open timer handle.
+                unsafe { sys::uv_timer_stop(i.housekeeping.raw()) };
             }
         }
 
@@ -1319,7 +1347,7 @@ pub(crate) mod eventloop {
             // SAFETY: the allocation `new` made, no longer reachable through
             // self, and no borrow of it is live (not running).
             let inner = unsafe { Box::from_raw(raw) };
-            let Inner { uv, wake, prepare, timer, fds, .. } = *inner;
+            let Inner { uv, wake, prepare, timer, housekeeping, fds, .. } = *inner;
             if let Some(f) = fds.into_inner() {
                 // uv_close stops watching the set's fd at once; the fd
                 // closes after.
@@ -1329,6 +1357,7 @@ pub(crate) mod eventloop {
             wake.close();
             prepare.close();
             timer.close();
+            housekeeping.close();
             // SAFETY: every handle of the loop's own is closed; the
             // transports' and lookups' were closed by their owners first
             // (the loop's clients), and no method reaches the loop again.
@@ -1460,6 +1489,14 @@ pub(crate) mod eventloop {
 
     unsafe extern "C" fn on_timer(_handle: *mut sys::uv_timer_t) {}
 
+    unsafe extern "C" fn on_housekeeping(handle: *mut sys::uv_timer_t) {
+        // SAFETY: the loop's housekeeping timer, inside `run` (maybe
+        // without the GIL: it only sets a loop-thread flag).
+        if let Some(shared) = unsafe { shared_of(handle) } {
+            shared.housekeeping_due();
+        }
+    }
+
     unsafe extern "C" fn on_fds(handle: *mut sys::uv_poll_t, _status: i32, _events: i32) {
         // SAFETY: the loop's fd poll, inside `run`, on the loop's thread.
         unsafe {
@@ -1478,6 +1515,13 @@ pub(crate) mod eventloop {
         // SAFETY: ClientPtr's contract: a client asking for before_poll is
         // kept alive by `keep_alive` until it ran.
         unsafe { (*client.0).before_poll(py) }
+    }
+
+    /// `client.housekeeping`, for a client on the housekeeping list.
+    pub(crate) fn client_housekeeping(py: Python<'_>, client: ClientPtr) -> bool {
+        // SAFETY: ClientPtr's contract: a client on the housekeeping list is
+        // registered, hence alive (unregistering takes it off the list).
+        unsafe { (*client.0).housekeeping(py) }
     }
 
     /// `client.close_with_loop`, for a client registered at the loop's close.

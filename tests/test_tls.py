@@ -168,6 +168,82 @@ def test_https_like_echo_streams(loop, server_ctx, client_ctx):
     run(loop, main(), 30)
 
 
+def _buffers_held(writer):
+    """On zuvrs, whether the connection's native TLS session holds its
+    record buffers; None on other loops."""
+    core = getattr(writer.transport, "_core", None)
+    return None if core is None else core._tls_buffers_held()
+
+
+def test_idle_connection_gives_back_its_record_buffers(loop, server_ctx, client_ctx):
+    """Echo, idle past the loop's housekeeping period, echo again: the data
+    is intact on every loop. On zuvrs the native session keeps OpenSSL's
+    record buffers while records pass and frees them once a period passes
+    without any; a session with ciphertext still waiting (its reader
+    paused) keeps them, and its data arrives intact afterwards."""
+    small, big = payload(KiB, seed=4), payload(256 * KiB, seed=5)
+
+    async def main():
+        server_writers = []
+        gate = asyncio.Event()
+
+        async def echo(reader, writer):
+            server_writers.append(writer)
+            try:
+                while True:
+                    n = int.from_bytes(await reader.readexactly(4), "big")
+                    if n == 0:
+                        break
+                    if n == len(big):
+                        await gate.wait()  # the client's data waits meanwhile
+                    writer.write(await reader.readexactly(n))
+                    await writer.drain()
+            finally:
+                writer.close()
+
+        srv = await asyncio.start_server(echo, "127.0.0.1", 0, ssl=server_ctx, limit=KiB)
+        port = srv.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", port, ssl=client_ctx, server_hostname="localhost"), TIMEOUT
+        )
+
+        async def echoed(data):
+            writer.write(len(data).to_bytes(4, "big") + data)
+            got = await asyncio.wait_for(reader.readexactly(len(data)), TIMEOUT)
+            assert got == data
+
+        async def released(*writers):
+            while any(_buffers_held(w) for w in writers):
+                await asyncio.sleep(0.05)
+
+        await echoed(small)
+        (swriter,) = server_writers
+        assert _buffers_held(writer) in (None, True)
+        assert _buffers_held(swriter) in (None, True)
+        await asyncio.wait_for(released(writer, swriter), 5)
+        await echoed(small)
+        assert _buffers_held(writer) in (None, True)
+
+        # The server's reader pauses with ciphertext still waiting: its
+        # session keeps the buffers over idle periods.
+        writer.write(len(big).to_bytes(4, "big") + big)
+        await writer.drain()
+        await asyncio.sleep(2.5)
+        assert _buffers_held(swriter) in (None, True)
+        gate.set()
+        got = await asyncio.wait_for(reader.readexactly(len(big)), TIMEOUT)
+        assert got == big
+        await echoed(small)
+
+        writer.write((0).to_bytes(4, "big"))
+        writer.close()
+        await asyncio.wait_for(writer.wait_closed(), TIMEOUT)
+        srv.close()
+        await asyncio.wait_for(srv.wait_closed(), TIMEOUT)
+
+    run(loop, main(), 30)
+
+
 def test_tls_protocol_echo(loop, server_ctx, client_ctx):
     chunks = list(numbered_chunks(payload(256 * KiB, seed=3), 16))  # 4 MiB
     total = sum(map(len, chunks))

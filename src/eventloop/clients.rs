@@ -21,6 +21,13 @@ pub(crate) trait LoopClient {
     /// handle or cancel its request now, and let go of Python objects that
     /// the completion would have used.
     fn close_with_loop(&self, py: Python<'_>);
+
+    /// The loop's periodic housekeeping, for a client that asked for it
+    /// (`LoopShared::want_housekeeping`): true to be asked again next
+    /// period, false to leave the housekeeping list.
+    fn housekeeping(&self, _py: Python<'_>) -> bool {
+        false
+    }
 }
 
 /// A registered client. It stays valid while registered: a client
@@ -52,6 +59,8 @@ impl Hash for ClientPtr {
 #[derive(Default)]
 pub(crate) struct Clients {
     open: HashSet<ClientPtr>,
+    /// Open clients that want the periodic housekeeping.
+    housekeeping: HashSet<ClientPtr>,
     /// Each with the Python object that keeps it alive until then.
     due: Vec<(Py<PyAny>, ClientPtr)>,
 }
@@ -63,6 +72,36 @@ impl Clients {
 
     pub(crate) fn unregister(&mut self, client: ClientPtr) {
         self.open.remove(&client);
+        self.housekeeping.remove(&client);
+    }
+
+    /// Adds an open client to the housekeeping list; whether the list was
+    /// empty before (the period's timer is to start).
+    pub(crate) fn want_housekeeping(&mut self, client: ClientPtr) -> bool {
+        if !self.open.contains(&client) {
+            return false;
+        }
+        let was_empty = self.housekeeping.is_empty();
+        self.housekeeping.insert(client);
+        was_empty
+    }
+
+    /// The clients on the housekeeping list now.
+    pub(crate) fn housekeeping_list(&self) -> Vec<ClientPtr> {
+        self.housekeeping.iter().copied().collect()
+    }
+
+    pub(crate) fn is_housekeeping(&self, client: ClientPtr) -> bool {
+        self.housekeeping.contains(&client)
+    }
+
+    /// Takes `client` off the housekeeping list.
+    pub(crate) fn housekeeping_done(&mut self, client: ClientPtr) {
+        self.housekeeping.remove(&client);
+    }
+
+    pub(crate) fn housekeeping_is_empty(&self) -> bool {
+        self.housekeeping.is_empty()
     }
 
     pub(crate) fn add_due(&mut self, keep_alive: Py<PyAny>, client: ClientPtr) {
@@ -76,6 +115,7 @@ impl Clients {
 
     /// Everything, for the loop's close.
     pub(crate) fn take_all(&mut self) -> (Vec<ClientPtr>, Vec<(Py<PyAny>, ClientPtr)>) {
+        self.housekeeping.clear();
         (self.open.drain().collect(), std::mem::take(&mut self.due))
     }
 }

@@ -43,7 +43,7 @@ use crate::errors::{closed_error, uv_error};
 use crate::handles::context::ContextCache;
 use crate::handles::{let_go, Callback, Handle, HasState, Ready};
 use crate::python;
-use crate::uv::eventloop::{client_before_poll, client_close_with_loop, LoopHandles};
+use crate::uv::eventloop::{client_before_poll, client_close_with_loop, client_housekeeping, LoopHandles};
 use crate::uv::sys;
 use clients::Clients;
 pub(crate) use clients::{ClientPtr, LoopClient};
@@ -105,6 +105,11 @@ struct UvParts {
     fds: Option<FdWatchers>,
 }
 
+/// How often the loop runs its clients' housekeeping (while any wants it):
+/// e.g. a TLS connection idle for a whole period gives back its record
+/// buffers.
+const HOUSEKEEPING_PERIOD_MS: u64 = 1000;
+
 pub(crate) struct LoopState {
     uv: Option<UvParts>,
     ready: VecDeque<Ready>,
@@ -141,6 +146,8 @@ pub(crate) struct LoopShared {
     turns: Cell<u64>,
     /// The next turn polls even if it would skip an idle poll.
     poll_wanted: Cell<bool>,
+    /// The housekeeping timer fired during the current poll.
+    housekeeping_fired: Cell<bool>,
     state: NativeCell<LoopState>,
     /// The loop's metrics (`loop.stats()`).
     pub(crate) stats: LoopStats,
@@ -175,6 +182,12 @@ impl LoopShared {
     #[inline]
     pub(crate) fn woken(&self) {
         self.stats.wakeups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The housekeeping timer fired (in the poll, maybe without the GIL).
+    #[inline]
+    pub(crate) fn housekeeping_due(&self) {
+        self.housekeeping_fired.set(true);
     }
 
     /// The number of the current turn.
@@ -242,6 +255,39 @@ impl LoopShared {
     /// keeps it alive until then.
     pub(crate) fn before_poll(&self, py: Python<'_>, keep_alive: Py<PyAny>, client: ClientPtr) {
         self.state.with(py, |st| st.clients.add_due(keep_alive, client))
+    }
+
+    /// Has the loop call `client.housekeeping` every HOUSEKEEPING_PERIOD_MS
+    /// (after the poll of a turn) until it answers false or unregisters.
+    pub(crate) fn want_housekeeping(&self, py: Python<'_>, client: ClientPtr) {
+        if self.state.with(py, |st| st.clients.want_housekeeping(client)) {
+            self.uv.housekeeping_start(py, HOUSEKEEPING_PERIOD_MS);
+        }
+    }
+
+    /// The housekeeping due after this turn's poll, if its timer fired.
+    #[inline(always)]
+    fn run_housekeeping_if_due(&self, py: Python<'_>) {
+        if self.housekeeping_fired.replace(false) {
+            self.run_housekeeping(py);
+        }
+    }
+
+    #[cold]
+    fn run_housekeeping(&self, py: Python<'_>) {
+        let list = self.state.with(py, |st| st.clients.housekeeping_list());
+        for client in list {
+            // A client unregistered by an earlier one's housekeeping is gone.
+            if !self.state.with(py, |st| st.clients.is_housekeeping(client)) {
+                continue;
+            }
+            if !client_housekeeping(py, client) {
+                self.state.with(py, |st| st.clients.housekeeping_done(client));
+            }
+        }
+        if self.state.with(py, |st| st.clients.housekeeping_is_empty()) {
+            self.uv.housekeeping_stop(py);
+        }
     }
 
     /// The end of the turn: every client's `before_poll` work, until none
@@ -493,16 +539,16 @@ impl LoopCore {
         drop(snapshot);
     }
 
-    /// Closes libuv and everything on it (close(), or a loop collected
-    /// without close()). Every libuv handle is closed by its owner, then
-    /// the loop; Python callbacks are released last, since their `__del__`
-    /// may run arbitrary code.
     /// In a forked child, gives the libuv loop kernel objects of its own
     /// (see `UvLoop::adopt_after_fork`); nothing in the parent's.
     fn adopt_after_fork(&self, py: Python<'_>) {
         self.shared.uv.adopt_after_fork(py)
     }
 
+    /// Closes libuv and everything on it (close(), or a loop collected
+    /// without close()). Every libuv handle is closed by its owner, then
+    /// the loop; Python callbacks are released last, since their `__del__`
+    /// may run arbitrary code.
     fn free_core(&self, py: Python<'_>) {
         self.adopt_after_fork(py);
         let (clients, due) = self.shared.state.with(py, |st| {
@@ -562,6 +608,7 @@ impl LoopCore {
             io_seen: Cell::new(false),
             turns: Cell::new(0),
             poll_wanted: Cell::new(false),
+            housekeeping_fired: Cell::new(false),
             state: NativeCell::new(LoopState {
                 uv: Some(UvParts { armed_for: f64::NAN, fds: None }),
                 ready: VecDeque::with_capacity(1024),

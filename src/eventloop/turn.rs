@@ -264,6 +264,7 @@ fn run_turn(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared, pacing:
         if let Some(err) = shared.state.with(py, |st| st.pending_error.take()) {
             return Err(err);
         }
+        shared.run_housekeeping_if_due(py);
     }
     let python_now = super::python_clock_now(py, slf, shared)?;
     let now = match python_now {

@@ -57,8 +57,10 @@ pub(crate) const SSL_SENT_SHUTDOWN: c_int = 1;
 pub(crate) const SSL_RECEIVED_SHUTDOWN: c_int = 2;
 // ssl.h: SSL_ctrl() commands and SSL_MODE_* bits.
 pub(crate) const SSL_CTRL_MODE: c_int = 33;
+pub(crate) const SSL_CTRL_CLEAR_MODE: c_int = 78;
 pub(crate) const SSL_MODE_ENABLE_PARTIAL_WRITE: c_long = 0x1;
 pub(crate) const SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER: c_long = 0x2;
+pub(crate) const SSL_MODE_RELEASE_BUFFERS: c_long = 0x10;
 // bio.h: BIO_ctrl() commands.
 pub(crate) const BIO_CTRL_INFO: c_int = 3;
 pub(crate) const BIO_CTRL_PENDING: c_int = 10;
@@ -141,6 +143,7 @@ openssl_functions! {
     SSL_is_init_finished: fn(*const SSL) -> c_int;
     SSL_renegotiate: fn(*mut SSL) -> c_int;
     SSL_key_update: fn(*mut SSL, c_int) -> c_int;
+    SSL_free_buffers: fn(*mut SSL) -> c_int;
     BIO_write: fn(*mut BIO, *const c_void, c_int) -> c_int;
     BIO_read: fn(*mut BIO, *mut c_void, c_int) -> c_int;
     BIO_ctrl: fn(*mut BIO, c_int, c_long, *mut c_void) -> c_long;
@@ -636,6 +639,24 @@ impl Conn {
         unsafe { (self.fns.SSL_key_update)(self.ssl.as_ptr(), kind) }
     }
 
+    /// Clears `SSL_MODE_RELEASE_BUFFERS` (which `_ssl` sets on every
+    /// context): the record buffers stay between records instead of a
+    /// malloc and free of some 17 KB per record each way.
+    pub(crate) fn keep_record_buffers(&self, _py: Python<'_>) {
+        // SAFETY: the live SSL; SSL_CTRL_CLEAR_MODE only clears mode bits.
+        unsafe { (self.fns.SSL_ctrl)(self.ssl.as_ptr(), SSL_CTRL_CLEAR_MODE, SSL_MODE_RELEASE_BUFFERS, std::ptr::null_mut()) };
+    }
+
+    /// `SSL_free_buffers`: the record buffers are freed (the next record
+    /// allocates them again); false when a record is partly processed.
+    /// Call it only with no plaintext pending and no ciphertext waiting
+    /// in the incoming BIO (OpenSSL releases before 3.0.14 freed a
+    /// buffer still in use otherwise, CVE-2024-4741).
+    pub(crate) fn free_record_buffers(&self, _py: Python<'_>) -> bool {
+        // SAFETY: the live SSL, between calls (no record in flight).
+        unsafe { (self.fns.SSL_free_buffers)(self.ssl.as_ptr()) == 1 }
+    }
+
     /// Whether `write_eof()` was called on the incoming MemoryBIO.
     #[inline]
     pub(crate) fn incoming_eof_written(&self, _py: Python<'_>) -> bool {
@@ -688,9 +709,10 @@ impl Conn {
     /// One `uv_try_write` of the waiting ciphertext to `stream`, straight
     /// from the BIO's memory (no copy), left in place: None when there is
     /// none, else the bytes the socket took or libuv's error (UV_EAGAIN when
-    /// it took none). Only the system call runs while the memory is lent.
+    /// it took none), and the bytes that were waiting. Only the system call
+    /// runs while the memory is lent.
     #[inline]
-    pub(crate) fn try_write_output<C: StreamOwner>(&self, py: Python<'_>, stream: &UvStream<C>) -> Option<i32> {
+    pub(crate) fn try_write_output<C: StreamOwner>(&self, py: Python<'_>, stream: &UvStream<C>) -> Option<(i32, usize)> {
         let (p, n) = self.output_ptr(py);
         if n == 0 {
             return None;
@@ -699,7 +721,7 @@ impl Conn {
         // next touched, by this connection or by Python code; neither runs
         // before the write below returns.
         let bytes = unsafe { std::slice::from_raw_parts(p, n) };
-        Some(stream.try_write(&[IoBuf::new(bytes)]))
+        Some((stream.try_write(&[IoBuf::new(bytes)]), n))
     }
 
     /// A copy of the waiting ciphertext, left in place.
@@ -738,8 +760,13 @@ impl Conn {
     /// BIO's read pointer (see `Fns::probe_bio_seek`), else by reading
     /// them out.
     pub(crate) fn consume_output(&self, py: Python<'_>, n: usize, seek: bool) {
+        self.drop_output(py, n.min(self.output_pending(py)), seek);
+    }
+
+    /// `consume_output` of `n` bytes the caller knows are waiting (no
+    /// look at the BIO's size first).
+    pub(crate) fn drop_output(&self, _py: Python<'_>, n: usize, seek: bool) {
         let wbio = self.wbio.as_ptr();
-        let n = n.min(self.output_pending(py));
         if n == 0 {
             return;
         }

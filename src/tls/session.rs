@@ -342,9 +342,10 @@ impl TlsSession {
 
     /// One try-write of the waiting ciphertext to `stream`, in place (see
     /// `Conn::try_write_output`): None when there is none, else the bytes
-    /// the socket took or libuv's error. Then `consume_output` what it took.
+    /// the socket took or libuv's error, and the bytes that were waiting.
+    /// Then `consume_sent` what it took.
     #[inline]
-    pub(crate) fn try_write_output<C: StreamOwner>(&self, py: Python<'_>, stream: &UvStream<C>) -> Option<i32> {
+    pub(crate) fn try_write_output<C: StreamOwner>(&self, py: Python<'_>, stream: &UvStream<C>) -> Option<(i32, usize)> {
         self.conn.try_write_output(py, stream)
     }
 
@@ -371,9 +372,30 @@ impl TlsSession {
         self.conn.consume_output(py, n, self.bio_seek);
     }
 
+    /// Drops the `n` bytes `try_write_output` says the socket took (at
+    /// most what was waiting: no look at the output's size first).
+    pub(crate) fn consume_sent(&mut self, py: Python<'_>, n: usize) {
+        self.conn.drop_output(py, n, self.bio_seek);
+    }
+
     /// Appends the waiting ciphertext to `out` (one copy); returns its size.
     pub(crate) fn take_output(&mut self, py: Python<'_>, out: &mut Vec<u8>) -> usize {
         self.conn.read_output(py, out)
+    }
+
+    /// The record buffers stay allocated between records (see
+    /// `release_buffers` for giving them back when the connection idles).
+    pub(crate) fn keep_buffers(&mut self, py: Python<'_>) {
+        self.conn.keep_record_buffers(py);
+    }
+
+    /// Gives the record buffers back, if nothing is pending in them or in
+    /// the incoming BIO; whether they went.
+    pub(crate) fn release_buffers(&mut self, py: Python<'_>) -> bool {
+        if self.has_pending(py) {
+            return false;
+        }
+        self.conn.free_record_buffers(py)
     }
 
     /// `SSL_shutdown` as the stdlib's `unwrap()` calls it: close_notify out,

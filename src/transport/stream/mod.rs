@@ -205,6 +205,11 @@ impl LoopClient for StreamCore {
     fn close_with_loop(&self, py: Python<'_>) {
         self.close_handle(py);
     }
+
+    /// A TLS connection idle for a period gives back its record buffers.
+    fn housekeeping(&self, py: Python<'_>) -> bool {
+        self.tls_housekeeping(py)
+    }
 }
 
 impl StreamCore {
@@ -719,6 +724,12 @@ impl StreamCore {
     /// Whether the TLS application transport is closed (see tls.rs).
     fn _tls_app_closed(&self, py: Python<'_>) -> bool {
         self.tls_app_closed(py)
+    }
+
+    /// Whether the TLS session holds its record buffers between records
+    /// (tests: the loop's housekeeping frees them after an idle period).
+    fn _tls_buffers_held(&self, py: Python<'_>) -> bool {
+        self.tls_buffers_held(py)
     }
 
     /// asyncio's name of the TLS state (None for a plain transport).

@@ -109,6 +109,12 @@ pub(super) struct Tls {
     /// pauses, and resumes.
     read_high: usize,
     read_low: usize,
+    /// The session holds its record buffers between records (see
+    /// `keep_buffers`) and is on the loop's housekeeping list, which
+    /// frees them once a period passes with no record.
+    buffers_held: bool,
+    /// Records went through since the last housekeeping.
+    active: bool,
 }
 
 impl Tls {
@@ -119,10 +125,28 @@ impl Tls {
         self.backlog_bytes + self.session.as_ref().map_or(0, |s| s.output_len(py))
     }
 
+    /// Records go through the session now: it holds its buffers until an
+    /// idle housekeeping period. True when it did not hold them: the core
+    /// is to join the loop's housekeeping list (`tls_hold_buffers`).
+    fn records_pass(&mut self) -> bool {
+        self.active = true;
+        !std::mem::replace(&mut self.buffers_held, true)
+    }
+
     /// The live session (`with_tls` gives only connections that have one).
     fn session(&mut self) -> &mut TlsSession {
         self.session.as_mut().expect("with_tls gives connections with a live session only")
     }
+}
+
+/// What `tls_send_from_session` did with the session's ciphertext.
+enum Sent {
+    /// The socket took all of it (or there was none).
+    All,
+    /// Some may be left (not tried, or partly taken).
+    Unknown,
+    /// The socket failed: the connection is ending, nothing more goes.
+    Failed,
 }
 
 /// What the core does next after a step that ran with the state borrowed.
@@ -186,10 +210,11 @@ impl StreamCore {
         buffered: bool,
         call_connection_made: bool,
     ) -> PyResult<Option<String>> {
-        let session = match TlsSession::open(py, sslobj, incoming, outgoing)? {
+        let mut session = match TlsSession::open(py, sslobj, incoming, outgoing)? {
             Opened::Native(s) => s,
             Opened::NotNative(why) => return Ok(Some(why)),
         };
+        session.keep_buffers(py);
         let tls = Box::new(Tls {
             session: Some(session),
             state: TlsState::Unwrapped,
@@ -207,6 +232,8 @@ impl StreamCore {
             read_due: false,
             read_high: HIGH_WATER_READ,
             read_low: HIGH_WATER_READ / 4,
+            buffers_held: false,
+            active: false,
         });
         let old = self.state.with(py, |st| {
             st.base.high_water = HIGH_WATER_WRITE;
@@ -228,9 +255,38 @@ impl StreamCore {
             start
         });
         if start == Some(true) {
+            if self.with_tls(py, Tls::records_pass) == Some(true) {
+                self.tls_hold_buffers(py);
+            }
             self.tls_handshake(py)?;
         }
         Ok(())
+    }
+
+    /// The session holds its record buffers from now on: the loop's
+    /// housekeeping frees them after an idle period.
+    #[cold]
+    fn tls_hold_buffers(&self, py: Python<'_>) {
+        self.shared().want_housekeeping(py, ClientPtr(self));
+    }
+
+    pub(super) fn tls_buffers_held(&self, py: Python<'_>) -> bool {
+        self.with_tls(py, |t| t.buffers_held).unwrap_or(false)
+    }
+
+    /// The loop's housekeeping: a session idle since the last one gives
+    /// its record buffers back (when nothing is pending in them). True
+    /// while they are held.
+    pub(super) fn tls_housekeeping(&self, py: Python<'_>) -> bool {
+        self.with_tls_state(py, |t| {
+            if std::mem::take(&mut t.active) {
+                return true;
+            }
+            let released = t.session.as_mut().is_none_or(|s| s.release_buffers(py));
+            t.buffers_held = !released;
+            t.buffers_held
+        })
+        .unwrap_or(false)
     }
 
     fn tls_handshake(&self, py: Python<'_>) -> PyResult<()> {
@@ -285,18 +341,22 @@ impl StreamCore {
 
     /// The socket read `n` bytes into the read buffer.
     pub(super) fn tls_received(&self, py: Python<'_>, n: usize) -> PyResult<()> {
-        let next = self.state.with(py, |st| -> PyResult<Next> {
-            let Reader::Tls(t) = &mut st.reader else { return Ok(Next::Nothing) };
-            let Some(session) = t.session.as_mut() else { return Ok(Next::Nothing) };
+        let (next, hold) = self.state.with(py, |st| -> PyResult<(Next, bool)> {
+            let Reader::Tls(t) = &mut st.reader else { return Ok((Next::Nothing, false)) };
+            let Some(session) = t.session.as_mut() else { return Ok((Next::Nothing, false)) };
             readbuf::filled(n, |data| session.feed(py, data)).unwrap_or(Ok(()))?;
-            Ok(match t.state {
+            let next = match t.state {
                 TlsState::Handshake => Next::Handshake,
                 TlsState::Wrapped => Next::Read,
                 TlsState::Flushing => Next::Flush,
                 TlsState::Shutdown => Next::Shutdown,
                 TlsState::Unwrapped => Next::Nothing,
-            })
+            };
+            Ok((next, t.records_pass()))
         })?;
+        if hold {
+            self.tls_hold_buffers(py);
+        }
         self.tls_run(py, next)
     }
 
@@ -709,9 +769,10 @@ impl StreamCore {
     pub(super) fn tls_do_write(&self, py: Python<'_>) -> PyResult<()> {
         let written = self.with_tls(py, |t| {
             if t.backlog.is_empty() {
-                return Ok(());
+                return Ok(false);
             }
-            let Some(session) = t.session.as_mut() else { return Ok(()) };
+            let hold = t.records_pass();
+            let Some(session) = t.session.as_mut() else { return Ok(hold) };
             let bufs: Vec<&[u8]> = t.backlog.iter().map(|c| c.remaining()).collect();
             let (taken, _stopped) = match session.write_vectored(py, &bufs) {
                 Ok(r) => r,
@@ -733,10 +794,13 @@ impl StreamCore {
                     left = 0;
                 }
             }
-            Ok(())
+            Ok(hold)
         });
-        if let Some(Err(err)) = written {
-            return Err(err);
+        match written {
+            // (A failed write ends the connection, and its session.)
+            Some(Err(err)) => return Err(err),
+            Some(Ok(true)) => self.tls_hold_buffers(py),
+            _ => {}
         }
         self.tls_process_outgoing(py)
     }
@@ -785,39 +849,37 @@ impl StreamCore {
     /// When the socket has nothing queued or in flight, the kernel takes
     /// what it can of the ciphertext straight from the session's memory
     /// (no copy into the write queue: a third of tls_bulk's copying).
-    /// False if the connection failed meanwhile (nothing more to send).
-    fn tls_send_from_session(&self, py: Python<'_>) -> PyResult<bool> {
+    fn tls_send_from_session(&self, py: Python<'_>) -> PyResult<Sent> {
         let io = &self.shared().stats.io;
-        let failed = self.state.with(py, |st| {
-            let stream = st.handle.as_ref()?;
+        let sent = self.state.with(py, |st| {
+            let Some(stream) = st.handle.as_ref() else { return Ok(Sent::Unknown) };
             if st.base.conn_lost != 0 || !st.writes.is_idle() {
-                return None;
+                return Ok(Sent::Unknown);
             }
-            let Reader::Tls(t) = &mut st.reader else { return None };
+            let Reader::Tls(t) = &mut st.reader else { return Ok(Sent::Unknown) };
             if t.ssl_writing_paused {
-                return None;
+                return Ok(Sent::Unknown);
             }
-            let session = t.session.as_mut()?;
-            let n = session.try_write_output(py, stream)?;
+            let Some(session) = t.session.as_mut() else { return Ok(Sent::Unknown) };
+            let Some((n, waiting)) = session.try_write_output(py, stream) else { return Ok(Sent::All) };
             st.base.stats.wrote(io, 1, n.max(0) as usize);
             if n == sys::uv_errno_t_UV_EAGAIN {
-                return None;
+                return Ok(Sent::Unknown);
             }
             if n >= 0 {
-                session.consume_output(py, n as usize);
-                return None;
+                session.consume_sent(py, n as usize);
+                return Ok(if n as usize == waiting { Sent::All } else { Sent::Unknown });
             }
             // As a failed socket write: what was to go is dropped.
-            let all = session.output_len(py);
-            session.consume_output(py, all);
-            Some(n)
+            session.consume_sent(py, waiting);
+            Err(n)
         });
-        match failed {
-            Some(code) => {
+        match sent {
+            Err(code) => {
                 self.fatal_error(py, uv_error(code), self.msg_write_error(py))?;
-                Ok(false)
+                Ok(Sent::Failed)
             }
-            None => Ok(true),
+            Ok(sent) => Ok(sent),
         }
     }
 
@@ -825,13 +887,14 @@ impl StreamCore {
     /// socket's write queue (unless `_ssl_protocol.pause_writing()` holds
     /// it in the session).
     fn tls_process_outgoing(&self, py: Python<'_>) -> PyResult<()> {
-        if !self.tls_send_from_session(py)? {
-            return Ok(());
-        }
         let mut out = Vec::new();
-        let n = self
-            .with_tls(py, |t| if t.ssl_writing_paused { 0 } else { t.session().take_output(py, &mut out) })
-            .unwrap_or(0);
+        let n = match self.tls_send_from_session(py)? {
+            Sent::Failed => return Ok(()),
+            Sent::All => 0,
+            Sent::Unknown => self
+                .with_tls(py, |t| if t.ssl_writing_paused { 0 } else { t.session().take_output(py, &mut out) })
+                .unwrap_or(0),
+        };
         if n > 0 {
             // A lost socket drops what it is given, as asyncio's socket
             // transport does (warning after a few).
@@ -855,7 +918,12 @@ impl StreamCore {
                 Some(false) => {}
             }
         }
-        self.tls_control_app_writing(py)
+        // All the ciphertext went to the socket, unless it is held in the
+        // session: the application's buffer is the backlog.
+        let size = self
+            .with_tls_state(py, |t| if t.ssl_writing_paused { t.unsent(py) } else { t.backlog_bytes })
+            .unwrap_or_else(|| self.buffer_size(py));
+        self.tls_control_app_writing_at(py, size)
     }
 
     /// sslproto's `_control_app_writing`: the application's pause_writing
@@ -865,7 +933,11 @@ impl StreamCore {
     /// calls it: after handing ciphertext to the socket, and when the
     /// limits change.
     pub(super) fn tls_control_app_writing(&self, py: Python<'_>) -> PyResult<()> {
-        let size = self.buffer_size(py);
+        self.tls_control_app_writing_at(py, self.buffer_size(py))
+    }
+
+    /// `tls_control_app_writing` with the application's buffer `size`.
+    fn tls_control_app_writing_at(&self, py: Python<'_>, size: usize) -> PyResult<()> {
         let call = self.state.with(py, |st| {
             let b = &mut st.base;
             if size >= b.high_water && !b.protocol_paused {
