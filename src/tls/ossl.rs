@@ -644,7 +644,9 @@ impl Conn {
     /// malloc and free of some 17 KB per record each way.
     pub(crate) fn keep_record_buffers(&self, _py: Python<'_>) {
         // SAFETY: the live SSL; SSL_CTRL_CLEAR_MODE only clears mode bits.
-        unsafe { (self.fns.SSL_ctrl)(self.ssl.as_ptr(), SSL_CTRL_CLEAR_MODE, SSL_MODE_RELEASE_BUFFERS, std::ptr::null_mut()) };
+        unsafe {
+            (self.fns.SSL_ctrl)(self.ssl.as_ptr(), SSL_CTRL_CLEAR_MODE, SSL_MODE_RELEASE_BUFFERS, std::ptr::null_mut())
+        };
     }
 
     /// `SSL_free_buffers`: the record buffers are freed (the next record
@@ -712,7 +714,11 @@ impl Conn {
     /// it took none), and the bytes that were waiting. Only the system call
     /// runs while the memory is lent.
     #[inline]
-    pub(crate) fn try_write_output<C: StreamOwner>(&self, py: Python<'_>, stream: &UvStream<C>) -> Option<(i32, usize)> {
+    pub(crate) fn try_write_output<C: StreamOwner>(
+        &self,
+        py: Python<'_>,
+        stream: &UvStream<C>,
+    ) -> Option<(i32, usize)> {
         let (p, n) = self.output_ptr(py);
         if n == 0 {
             return None;

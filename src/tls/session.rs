@@ -345,7 +345,11 @@ impl TlsSession {
     /// the socket took or libuv's error, and the bytes that were waiting.
     /// Then `consume_sent` what it took.
     #[inline]
-    pub(crate) fn try_write_output<C: StreamOwner>(&self, py: Python<'_>, stream: &UvStream<C>) -> Option<(i32, usize)> {
+    pub(crate) fn try_write_output<C: StreamOwner>(
+        &self,
+        py: Python<'_>,
+        stream: &UvStream<C>,
+    ) -> Option<(i32, usize)> {
         self.conn.try_write_output(py, stream)
     }
 
