@@ -244,6 +244,50 @@ def test_idle_connection_gives_back_its_record_buffers(loop, server_ctx, client_
     run(loop, main(), 30)
 
 
+def test_housekeeping_stops_once_no_connection_holds_buffers(server_ctx, client_ctx):
+    """zuvrs only (its turn count): once the TLS connections are gone, the
+    loop's housekeeping timer stops, so an idle loop is not woken every
+    second. Over 3.5 idle seconds the loop that had TLS connections turns
+    at most twice more than a loop that never had any (its timer's last
+    round finds nobody, and stops it); a timer left running would add
+    three."""
+    zuvrs = pytest.importorskip("zuvrs")
+
+    async def tls_exchange():
+        async def echo(reader, writer):
+            writer.write(await reader.readexactly(5))
+            await writer.drain()
+            await reader.read()  # the client's close
+            writer.close()
+
+        srv = await asyncio.start_server(echo, "127.0.0.1", 0, ssl=server_ctx)
+        port = srv.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=client_ctx, server_hostname="localhost"
+        )
+        writer.write(b"hello")
+        assert await asyncio.wait_for(reader.readexactly(5), TIMEOUT) == b"hello"
+        assert _buffers_held(writer)
+        writer.close()
+        await asyncio.wait_for(writer.wait_closed(), TIMEOUT)
+        srv.close()
+        await asyncio.wait_for(srv.wait_closed(), TIMEOUT)
+
+    def idle_turns(lp):
+        before = lp.stats().turns
+        lp.run_until_complete(asyncio.sleep(3.5))
+        return lp.stats().turns - before
+
+    control = zuvrs.new_event_loop()
+    lp = zuvrs.new_event_loop()
+    try:
+        lp.run_until_complete(asyncio.wait_for(tls_exchange(), 30))
+        assert idle_turns(lp) <= idle_turns(control) + 2
+    finally:
+        lp.close()
+        control.close()
+
+
 def test_tls_protocol_echo(loop, server_ctx, client_ctx):
     chunks = list(numbered_chunks(payload(256 * KiB, seed=3), 16))  # 4 MiB
     total = sum(map(len, chunks))
