@@ -1073,3 +1073,23 @@ def test_bulk_flow_floor_moves_the_bytes() -> None:
 
     for variant in ("tcp_chunk", "tcp_fill"):
         assert floors.floor_bulk_flow(variant, 4) > 0
+
+
+def test_bulk_modes_splits_fast_samples_from_slow_ones() -> None:
+    """bulk_modes.py counts a sample at about twice the loop's lowest as a
+    fast-mode one and takes the slow-mode median without it."""
+    import bulk_modes
+
+    m = bulk_modes.split_modes([2400.0, 2500.0, 5100.0, 2450.0, 4900.0])
+    assert (m["fast"], m["samples"]) == (2, 5)
+    assert m["slow_median"] == 2450.0
+    assert m["median"] == 2500.0
+
+
+@pytest.mark.parametrize("loop_name", ["asyncio", "zuvrs"])
+def test_bulk_modes_cross_process_reader_gets_every_byte(loop_name: str) -> None:
+    """A cross-process sample writes its whole GiB to the reader child (the
+    sample raises when the reader got fewer bytes) and reports a rate."""
+    import bulk_modes
+
+    assert bulk_modes.cross_process_sample(loop_name, 256 * 1024, 0) > 0

@@ -1,0 +1,221 @@
+"""Bulk TCP's two modes on this machine, per loop; and bulk to a reader in
+another process.
+
+    python3 benchmarks/bulk_modes.py --samples 20 --loops zuvrs,rloop,uvloop
+    python3 benchmarks/bulk_modes.py --cross-process --loops zuvrs,uvloop \\
+        --chunk-kib 1024 --notsent-lowat-kib 0,256 --samples 3
+
+On loopback, one run of ``tcp_bulk_flow`` either goes at the usual speed
+(the "slow" mode) or, by chance, at about twice that speed (the "fast"
+mode). This is the receiver's buffer autotuning, settled early in the
+connection: fast runs end with a larger SO_RCVBUF. It happens to every loop
+and to the no-loop floor alike (docs/performance.md, "What the two modes
+are"). A median over a handful of samples therefore depends on how many
+fast samples each loop happened to draw. The default mode runs interleaved
+``_sample.py`` samples, counts the fast ones per loop, and gives the median
+of the slow ones, rate up to the last byte (``mib_s_to_last_byte``, which
+rloop also reports, though compare.py fails it at the close).
+
+``--cross-process``: this process writes 1 GiB through a Protocol that
+stops at pause_writing (``--chunk-kib`` per write), optionally with
+TCP_NOTSENT_LOWAT set on its socket (``--notsent-lowat-kib``; 0 = unset);
+a plain blocking reader in a child process, pinned to the other core,
+reports MiB/s. This is how the option was measured and rejected (it wins
+or loses a factor of two depending on the write size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from typing import Dict, List, cast
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import compare  # noqa: E402
+import workloads  # noqa: E402
+
+#: A sample faster than this multiple of the loop's lowest sample is a
+#: fast-mode one (the modes are about 2x apart; samples within a mode
+#: spread by 20-30%).
+FAST_FACTOR = 1.35
+
+#: Linux's TCP_NOTSENT_LOWAT (the socket module does not name it on 3.10).
+TCP_NOTSENT_LOWAT = 25
+
+CROSS_TOTAL = 1024 * workloads.MIB
+
+READER = r"""
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+view = memoryview(bytearray(256 * 1024))
+total, got, t0 = int(sys.argv[2]), 0, None
+# Stops at the last byte, not at EOF: rloop's close does not reach the peer.
+while got < total:
+    n = s.recv_into(view)
+    if not n:
+        break
+    if t0 is None:
+        t0 = time.perf_counter()
+    got += n
+print(got, time.perf_counter() - (t0 or 0.0))
+"""
+
+
+def split_modes(rates: List[float]) -> Dict[str, float]:
+    """Median of all samples, median of the slow-mode ones, and how many
+    are fast-mode ones."""
+    floor = min(rates)
+    slow = [r for r in rates if r < floor * FAST_FACTOR]
+    return {"median": statistics.median(rates), "slow_median": statistics.median(slow),
+            "fast": len(rates) - len(slow), "samples": len(rates)}
+
+
+def in_process(loops: List[str], samples: int) -> int:
+    rates: Dict[str, List[float]] = {loop: [] for loop in loops}
+    for i in range(samples):
+        for loop in loops:
+            s = compare.run_sample(sys.executable, loop, "tcp_bulk_flow", 512, 120, None, False)
+            rate = (s.get("info") or {}).get("mib_s_to_last_byte")
+            if not rate:
+                print(f"{loop}: sample {i + 1} gave no rate ({s.get('error', 'no result')})", file=sys.stderr)
+                continue
+            rates[loop].append(float(rate))
+            print(f"[{i + 1}/{samples}] {loop:8} {rate:8.0f} MiB/s", file=sys.stderr, flush=True)
+    print("| loop | median MiB/s | slow-mode median | fast samples |")
+    print("|---|---:|---:|---:|")
+    for loop in loops:
+        if rates[loop]:
+            m = split_modes(rates[loop])
+            print(f"| {loop} | {m['median']:,.0f} | {m['slow_median']:,.0f} | {m['fast']} of {m['samples']} |")
+    return 0
+
+
+class _Writer(asyncio.Protocol):
+    """Writes CROSS_TOTAL bytes in `chunk` writes, stopping at
+    pause_writing(); closes after the last one."""
+
+    def __init__(self, chunk: int, lowat: int, done: "asyncio.Future[None]") -> None:
+        self.chunk = bytes(chunk)
+        self.lowat = lowat
+        self.done = done
+        self.sent = 0
+        self.paused = False
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses.
+        self.transport = cast(asyncio.Transport, transport)
+        if self.lowat:
+            self.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, self.lowat)
+        self._write_more()
+
+    def _write_more(self) -> None:
+        tr = self.transport
+        assert tr is not None
+        while not self.paused and self.sent < CROSS_TOTAL:
+            tr.write(self.chunk)
+            self.sent += len(self.chunk)
+        if self.sent >= CROSS_TOTAL and not tr.is_closing():
+            tr.close()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._write_more()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+def cross_process_sample(loop_name: str, chunk: int, lowat: int) -> float:
+    """One cross-process run; MiB/s as the reader saw it."""
+    loop = workloads.get_loop_factory(loop_name)()
+    cores = sorted(os.sched_getaffinity(0))
+    reader_cpu = str(cores[-1])
+
+    async def main() -> float:
+        done = loop.create_future()
+        server = await loop.create_server(lambda: _Writer(chunk, lowat, done), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        # A plain child process, polled: not every loop runs subprocesses.
+        argv = ["taskset", "-c", reader_cpu, sys.executable, "-c", READER, str(port), str(CROSS_TOTAL)]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+        try:
+            while proc.poll() is None:
+                await asyncio.sleep(0.05)
+            try:
+                await asyncio.wait_for(done, 10)
+            except asyncio.TimeoutError:
+                print(f"{loop_name}: the writer's transport never called connection_lost", file=sys.stderr)
+        finally:
+            server.close()
+        out = proc.stdout.read() if proc.stdout else b""
+        got, secs = out.split()
+        if int(got) != CROSS_TOTAL:
+            raise RuntimeError(f"the reader got {int(got)} of {CROSS_TOTAL} bytes")
+        return int(got) / float(secs) / workloads.MIB
+
+    try:
+        if len(cores) > 1:
+            os.sched_setaffinity(0, {cores[0]})
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+        os.sched_setaffinity(0, cores)
+
+
+def cross_process(loops: List[str], samples: int, chunk_kib: int, lowats_kib: List[int]) -> int:
+    rates: Dict[tuple, List[float]] = {}
+    for _ in range(samples):
+        for loop in loops:
+            for lowat in lowats_kib:
+                # Each sample in a fresh process, as compare.py's are.
+                cmd = [sys.executable, os.path.abspath(__file__), "--one-cross", loop,
+                       "--chunk-kib", str(chunk_kib), "--notsent-lowat-kib", str(lowat)]
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+                if out.returncode != 0:
+                    print(f"{loop} lowat {lowat} KiB failed: {out.stderr.strip()[-300:]}", file=sys.stderr)
+                    continue
+                rate = float(out.stdout.split()[-1])
+                rates.setdefault((loop, lowat), []).append(rate)
+                print(f"{loop:8} chunk {chunk_kib} KiB lowat {lowat or '-'} KiB: {rate:8.0f} MiB/s",
+                      file=sys.stderr, flush=True)
+    print("| loop | TCP_NOTSENT_LOWAT | MiB/s, median (min-max) |")
+    print("|---|---:|---:|")
+    for (loop, lowat), r in rates.items():
+        print(f"| {loop} | {str(lowat) + ' KiB' if lowat else 'unset'} | "
+              f"{statistics.median(r):,.0f} ({min(r):,.0f}-{max(r):,.0f}) |")
+    return 0
+
+
+def main(argv: List[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--loops", default="zuvrs,rloop,uvloop")
+    ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--cross-process", action="store_true")
+    ap.add_argument("--chunk-kib", type=int, default=256)
+    ap.add_argument("--notsent-lowat-kib", default="0")
+    ap.add_argument("--one-cross", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    lowats = [int(v) for v in args.notsent_lowat_kib.split(",")]
+    if args.one_cross:
+        print(cross_process_sample(args.one_cross, args.chunk_kib * 1024, lowats[0] * 1024))
+        return 0
+    loops = args.loops.split(",")
+    if args.cross_process:
+        return cross_process(loops, args.samples, args.chunk_kib, lowats)
+    return in_process(loops, args.samples)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
