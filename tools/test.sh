@@ -2,7 +2,7 @@
 # Sets up, runs the style and static checks (tools/lint.sh), builds and runs
 # the whole test suite (tests/ and the benchmark bodies in benchmarks/ as
 # plain tests) on a release build, with the CI selection of the upstream
-# suites (CPython's, uvloop's, AnyIO's, aiohttp's and asyncssh's own tests on zuvrs,
+# suites (CPython's, uvloop's, AnyIO's, aiohttp's, asyncssh's and uvicorn's own tests on zuvrs,
 # checked against tests/upstream/ratchet.json), then the whole suite again
 # on a debug build (Rust debug assertions on, and NativeCell's checks of
 # every native state access).

@@ -29,6 +29,10 @@ Suites (``--suite``, repeatable; default all):
               (tests/upstream/requirements.txt pins it); they need no servers
               (its tests/util.py fakes DNS by replacing socket.getaddrinfo
               and getnameinfo; its SSH servers and agents run in the test).
+  uvicorn     uvicorn's tests from the sdist of the installed uvicorn
+              (tests/upstream/requirements.txt pins it), but its codspeed
+              benchmarks: its HTTP/1.1, HTTP/2 and WebSocket protocols,
+              servers and TLS, on the loop of the column.
   websockets  websockets' asyncio and legacy tests. websockets' sdists do not
               ship its tests (its MANIFEST.in prunes them), so this suite
               needs a source tree of websockets: ``--websockets-src DIR`` (a
@@ -75,8 +79,8 @@ Usage::
     tools/upstream.sh                        # everything, three loops (about 2 hours: aiohttp ~45,
                                              #   asyncssh ~55 (uvloop's hangs take its 45-minute
                                              #   budget; ~6 on the other loops), uvloop ~9,
-                                             #   cpython ~7, anyio ~5)
-    tools/upstream.sh --ci                   # the CI subset, zuvrs only (about 6 minutes)
+                                             #   cpython ~7, anyio ~5, uvicorn ~7)
+    tools/upstream.sh --ci                   # the CI subset, zuvrs only (about 7.5 minutes)
     tools/upstream.sh --suite uvloop --loop zuvrs,asyncio
     tools/upstream.sh --suite anyio --file test_taskgroups.py
     tools/upstream.sh --update-ratchet       # after a full run's worth of improvements
@@ -110,7 +114,7 @@ RATCHET = os.path.join(HERE, "ratchet.json")
 RESULTS_MD = os.path.join(HERE, "RESULTS.md")
 CPYTHON_RUNNER = os.path.join(ROOT, "tests", "cpython", "run_cpython_suite.py")
 
-SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "asyncssh", "websockets")
+SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "asyncssh", "uvicorn", "websockets")
 LOOPS = ("zuvrs", "asyncio", "uvloop")
 COLUMNS = ("passed", "failed", "errors", "skipped")
 
@@ -121,8 +125,8 @@ COLUMNS = ("passed", "failed", "errors", "skipped")
 # (results vary from run to run on every loop, with the sandbox's IPv6) and
 # test_pytest_plugin.py (slow, pytester); most of aiohttp's (its whole suite
 # takes about 20 minutes per loop; its parser and helper tests do not depend
-# on the loop). The selection takes about 6 minutes (asyncssh's part about
-# 2.5; pip install and the sdists' download add a few seconds on a fresh
+# on the loop). The selection takes about 7.5 minutes (asyncssh's part
+# about 2.5, uvicorn's 1.5; pip install and the sdists' download add a few seconds on a fresh
 # machine).
 CI_SELECTION = {
     "cpython": None,
@@ -185,6 +189,19 @@ CI_SELECTION = {
         "tests/test_stream.py",
         "tests/test_subprocess.py",
         "tests/test_x11.py",
+    ],
+    # Everything that runs a server or a protocol on the loop (about 90
+    # s); left out: its supervisors' reload and multiprocess tests (30 s,
+    # file watching and processes, no loop of the test's).
+    "uvicorn": [
+        "tests/middleware",
+        "tests/protocols",
+        "tests/supervisors/test_signal.py",
+        "tests/test_default_headers.py",
+        "tests/test_lifespan.py",
+        "tests/test_main.py",
+        "tests/test_server.py",
+        "tests/test_ssl.py",
     ],
 }
 
@@ -580,6 +597,25 @@ def suite_asyncssh(loops, files, args):
     return results, f"asyncssh {version} sdist", notes
 
 
+def suite_uvicorn(loops, files, args):
+    tree, version = sdist_tree("uvicorn")
+    work = work_copy(tree, "uvicorn", drop=("uvicorn",))
+    results, notes = {}, []
+    for loop in loops:
+        recs, n = run_pytest(
+            f"uvicorn-{loop}", work,
+            # Its pyproject's addopts run pytest-xdist with 8 workers; one
+            # process here. tests/benchmarks are codspeed's, not tests.
+            ["-o", "addopts=-rxXs --strict-markers", "-p", "no:codspeed",
+             "--ignore=tests/benchmarks", *file_args(files, ["tests"])],
+            {"ZUVRS_UPSTREAM_LOOP": loop},
+            SUITE_BUDGET,
+        )
+        notes += n
+        results[loop] = by_file(recs)
+    return results, f"uvicorn {version} sdist", notes
+
+
 def suite_websockets(loops, files, args):
     src = args.websockets_src
     if not src:
@@ -651,6 +687,7 @@ SUITE_FUNCS = {
     "anyio": suite_anyio,
     "aiohttp": suite_aiohttp,
     "asyncssh": suite_asyncssh,
+    "uvicorn": suite_uvicorn,
     "websockets": suite_websockets,
 }
 
@@ -729,6 +766,10 @@ SUITE_NOTES = {
                 "(their tests skip); test_known_hosts_not_readable and "
                 "test_trusted_x509_certs_not_readable fail on every loop here (run as root), and so "
                 "do nine SFTP and SCP tests of file permissions.",
+    "uvicorn": "Its tests/ but tests/benchmarks (codspeed's), one process (its pyproject's "
+               "addopts run pytest-xdist), on the loop asyncio's replaced policy makes (AnyIO's "
+               "pytest plugin runs them). test_asyncio_run__default_loop_factory asserts that the "
+               "default loop is the stdlib's, so it fails wherever the policy is replaced.",
     "websockets": "Its tests/asyncio and tests/legacy, from a source tree (websockets' sdists "
                   "ship no tests), run with WEBSOCKETS_TESTS_TIMEOUT_FACTOR=5.",
 }
