@@ -531,89 +531,66 @@ def suite_uvloop(loops, files, args):
     return results, f"uvloop {version} sdist", notes
 
 
-def suite_anyio(loops, files, args):
-    tree, version = sdist_tree("anyio")
-    work = work_copy(tree, "anyio", drop=("src",))
+def sdist_suite(name, loops, files, pytest_args, default_files, env=None, drop=None):
+    """Runs an sdist's tests on each loop: pytest with ``pytest_args`` and
+    the selected files (``default_files`` when none), in a copy of the
+    sdist without its package source (``drop``, default the package)."""
+    tree, version = sdist_tree(name)
+    work = work_copy(tree, name, drop=drop or (name,))
     results, notes = {}, []
     for loop in loops:
         recs, n = run_pytest(
-            f"anyio-{loop}", work,
-            ["-p", "no:codspeed", *file_args(files, ["tests"])],
-            {"ZUVRS_UPSTREAM_LOOP": loop,
-             # As in AnyIO's own runs: its configuration names the plugins
-             # it needs (-p anyio, pytest_mock, timeout), and the pytest
-             # sessions its pytester tests start must not load the other
-             # plugins of this venv (pytest-asyncio, pytest-aiohttp).
-             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-             # AnyIO's conftest parametrises anyio_backend with asyncio,
-             # asyncio+uvloop, asyncio+eager (3.12+) and trio: keep asyncio.
-             "ZUVRS_UPSTREAM_DESELECT": r"[\[-](asyncio\+uvloop|asyncio\+eager|asyncio\+winloop|trio)[\]-]"},
+            f"{name}-{loop}", work,
+            [*pytest_args, *file_args(files, default_files)],
+            {"ZUVRS_UPSTREAM_LOOP": loop, **(env or {})},
             SUITE_BUDGET,
-            test_timeout=TEST_TIMEOUT,
         )
         notes += n
         results[loop] = by_file(recs)
-    return results, f"anyio {version} sdist", notes
+    return results, f"{name} {version} sdist", notes
+
+
+def suite_anyio(loops, files, args):
+    return sdist_suite(
+        "anyio", loops, files, ["-p", "no:codspeed"], ["tests"], drop=("src",),
+        env={
+            # As in AnyIO's own runs: its configuration names the plugins
+            # it needs (-p anyio, pytest_mock, timeout), and the pytest
+            # sessions its pytester tests start must not load the other
+            # plugins of this venv (pytest-asyncio, pytest-aiohttp).
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            # AnyIO's conftest parametrises anyio_backend with asyncio,
+            # asyncio+uvloop, asyncio+eager (3.12+) and trio: keep asyncio.
+            "ZUVRS_UPSTREAM_DESELECT": r"[\[-](asyncio\+uvloop|asyncio\+eager|asyncio\+winloop|trio)[\]-]",
+        })
 
 
 def suite_aiohttp(loops, files, args):
-    tree, version = sdist_tree("aiohttp")
-    work = work_copy(tree, "aiohttp", drop=("aiohttp",))
-    results, notes = {}, []
-    for loop in loops:
-        recs, n = run_pytest(
-            f"aiohttp-{loop}", work,
-            [
-                # aiohttp's pytest.ini adds xdist, coverage and doctests; keep
-                # only its marker selection.
-                "-o", "addopts=",
-                "-m", "not dev_mode and not autobahn and not internal",
-                "--aiohttp-loop=pyloop",
-                *file_args(files, ["tests"]),
-            ],
-            {"ZUVRS_UPSTREAM_LOOP": loop},
-            SUITE_BUDGET,
-        )
-        notes += n
-        results[loop] = by_file(recs)
-    return results, f"aiohttp {version} sdist", notes
+    return sdist_suite(
+        "aiohttp", loops, files,
+        [
+            # aiohttp's pytest.ini adds xdist, coverage and doctests; keep
+            # only its marker selection.
+            "-o", "addopts=",
+            "-m", "not dev_mode and not autobahn and not internal",
+            "--aiohttp-loop=pyloop",
+        ],
+        ["tests"])
 
 
 def suite_asyncssh(loops, files, args):
-    tree, version = sdist_tree("asyncssh")
-    work = work_copy(tree, "asyncssh", drop=("asyncssh",))
-    results, notes = {}, []
-    for loop in loops:
-        recs, n = run_pytest(
-            f"asyncssh-{loop}", work,
-            # (Its tox.ini's [pytest] section names tests/; its coverage
-            # options are tox's, not pytest's.)
-            ["-p", "no:codspeed", *file_args(files, ["tests"])],
-            {"ZUVRS_UPSTREAM_LOOP": loop},
-            SUITE_BUDGET,
-        )
-        notes += n
-        results[loop] = by_file(recs)
-    return results, f"asyncssh {version} sdist", notes
+    # (Its tox.ini's [pytest] section names tests/; its coverage options
+    # are tox's, not pytest's.)
+    return sdist_suite("asyncssh", loops, files, ["-p", "no:codspeed"], ["tests"])
 
 
 def suite_uvicorn(loops, files, args):
-    tree, version = sdist_tree("uvicorn")
-    work = work_copy(tree, "uvicorn", drop=("uvicorn",))
-    results, notes = {}, []
-    for loop in loops:
-        recs, n = run_pytest(
-            f"uvicorn-{loop}", work,
-            # Its pyproject's addopts run pytest-xdist with 8 workers; one
-            # process here. tests/benchmarks are codspeed's, not tests.
-            ["-o", "addopts=-rxXs --strict-markers", "-p", "no:codspeed",
-             "--ignore=tests/benchmarks", *file_args(files, ["tests"])],
-            {"ZUVRS_UPSTREAM_LOOP": loop},
-            SUITE_BUDGET,
-        )
-        notes += n
-        results[loop] = by_file(recs)
-    return results, f"uvicorn {version} sdist", notes
+    # Its pyproject's addopts run pytest-xdist with 8 workers; one process
+    # here. tests/benchmarks are codspeed's, not tests.
+    return sdist_suite(
+        "uvicorn", loops, files,
+        ["-o", "addopts=-rxXs --strict-markers", "-p", "no:codspeed", "--ignore=tests/benchmarks"],
+        ["tests"])
 
 
 def suite_websockets(loops, files, args):
