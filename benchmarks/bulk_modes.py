@@ -4,6 +4,8 @@ another process.
     python3 benchmarks/bulk_modes.py --samples 20 --loops zuvrs,rloop,uvloop
     python3 benchmarks/bulk_modes.py --cross-process --loops zuvrs,uvloop \\
         --chunk-kib 1024 --notsent-lowat-kib 0,256 --samples 3
+    python3 benchmarks/bulk_modes.py --pinned-rcvbuf-kib 1800 \\
+        --loops floor,zuvrs,rloop --samples 8
 
 On loopback, one run of ``tcp_bulk_flow`` either goes at the usual speed
 (the "slow" mode) or, by chance, at about twice that speed (the "fast"
@@ -22,6 +24,15 @@ TCP_NOTSENT_LOWAT set on its socket (``--notsent-lowat-kib``; 0 = unset);
 a plain blocking reader in a child process, pinned to the other core,
 reports MiB/s. This is how the option was measured and rejected (it wins
 or loses a factor of two depending on the write size).
+
+``--pinned-rcvbuf-kib N``: tcp_bulk_flow's pattern (512 MiB in 256 KiB
+writes from a Protocol that stops at pause_writing, to a Protocol reader in
+the same loop) with the receiver's SO_RCVBUF set to N KiB, which the kernel
+doubles and which turns its autotuning off: the mode no longer depends on
+chance, so loops compare at one buffer size with a small spread. The
+pseudo-loop ``floor`` is the same transfer with no loop at all
+(floors.py's ``tcp_fill`` on the same pinned buffer). One fresh process per
+sample, loops interleaved; rate up to the last byte.
 """
 
 from __future__ import annotations
@@ -33,12 +44,14 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 from typing import Dict, List, cast
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import compare  # noqa: E402
+import floors  # noqa: E402
 import workloads  # noqa: E402
 
 #: A sample faster than this multiple of the loop's lowest sample is a
@@ -98,13 +111,15 @@ def in_process(loops: List[str], samples: int) -> int:
 
 
 class _Writer(asyncio.Protocol):
-    """Writes CROSS_TOTAL bytes in `chunk` writes, stopping at
+    """Writes `total` bytes in `chunk` writes, stopping at
     pause_writing(); closes after the last one."""
 
-    def __init__(self, chunk: int, lowat: int, done: "asyncio.Future[None]") -> None:
+    def __init__(self, chunk: int, lowat: int, done: "asyncio.Future[None]",
+                 total: int = CROSS_TOTAL) -> None:
         self.chunk = bytes(chunk)
         self.lowat = lowat
         self.done = done
+        self.total = total
         self.sent = 0
         self.paused = False
         self.transport: asyncio.Transport | None = None
@@ -119,10 +134,10 @@ class _Writer(asyncio.Protocol):
     def _write_more(self) -> None:
         tr = self.transport
         assert tr is not None
-        while not self.paused and self.sent < CROSS_TOTAL:
+        while not self.paused and self.sent < self.total:
             tr.write(self.chunk)
             self.sent += len(self.chunk)
-        if self.sent >= CROSS_TOTAL and not tr.is_closing():
+        if self.sent >= self.total and not tr.is_closing():
             tr.close()
 
     def pause_writing(self) -> None:
@@ -198,6 +213,79 @@ def cross_process(loops: List[str], samples: int, chunk_kib: int, lowats_kib: Li
     return 0
 
 
+PINNED_TOTAL = 512 * workloads.MIB
+
+
+class _PinnedReceiver(asyncio.Protocol):
+    """Counts `total` bytes on a socket whose SO_RCVBUF it pins; `done`
+    gets the moment the last byte came."""
+
+    def __init__(self, rcvbuf: int, total: int, done: "asyncio.Future[float]") -> None:
+        self.rcvbuf = rcvbuf
+        self.total = total
+        self.done = done
+        self.got = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+
+    def data_received(self, data: bytes) -> None:
+        self.got += len(data)
+        if self.got >= self.total and not self.done.done():
+            self.done.set_result(time.perf_counter())
+
+
+def pinned_sample(loop_name: str, rcvbuf: int, total: int = PINNED_TOTAL) -> float:
+    """One pinned-buffer run of `total` bytes (whole MiB) in this process;
+    MiB/s to the last byte."""
+    mib = total / workloads.MIB
+    if loop_name == "floor":
+        return mib / floors.floor_bulk_flow("tcp_fill", total // workloads.MIB, rcvbuf=rcvbuf)
+    loop = workloads.get_loop_factory(loop_name)()
+
+    async def main() -> float:
+        last = loop.create_future()
+        closed = loop.create_future()
+        server = await loop.create_server(lambda: _PinnedReceiver(rcvbuf, total, last), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        t0 = time.perf_counter()
+        tr, _ = await loop.create_connection(
+            lambda: _Writer(workloads.FLOW_CHUNK, 0, closed, total), "127.0.0.1", port)
+        try:
+            return mib / (await asyncio.wait_for(last, 120) - t0)
+        finally:
+            tr.abort()
+            server.close()
+
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def pinned(loops: List[str], samples: int, rcvbuf_kib: int) -> int:
+    rates: Dict[str, List[float]] = {loop: [] for loop in loops}
+    for i in range(samples):
+        for loop in loops:
+            cmd = [sys.executable, os.path.abspath(__file__), "--one-pinned", loop,
+                   "--pinned-rcvbuf-kib", str(rcvbuf_kib)]
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+            if out.returncode != 0:
+                print(f"{loop} failed: {out.stderr.strip()[-300:]}", file=sys.stderr)
+                continue
+            rate = float(out.stdout.split()[-1])
+            rates[loop].append(rate)
+            print(f"[{i + 1}/{samples}] {loop:8} {rate:8.0f} MiB/s", file=sys.stderr, flush=True)
+    print(f"SO_RCVBUF pinned at {rcvbuf_kib} KiB (the kernel doubles it)")
+    print("| loop | MiB/s, median (min-max) |")
+    print("|---|---:|")
+    for loop, r in rates.items():
+        if r:
+            print(f"| {loop} | {statistics.median(r):,.0f} ({min(r):,.0f}-{max(r):,.0f}) |")
+    return 0
+
+
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--loops", default="zuvrs,rloop,uvloop")
@@ -205,13 +293,20 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--cross-process", action="store_true")
     ap.add_argument("--chunk-kib", type=int, default=256)
     ap.add_argument("--notsent-lowat-kib", default="0")
+    ap.add_argument("--pinned-rcvbuf-kib", type=int, default=0)
     ap.add_argument("--one-cross", help=argparse.SUPPRESS)
+    ap.add_argument("--one-pinned", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     lowats = [int(v) for v in args.notsent_lowat_kib.split(",")]
     if args.one_cross:
         print(cross_process_sample(args.one_cross, args.chunk_kib * 1024, lowats[0] * 1024))
         return 0
+    if args.one_pinned:
+        print(pinned_sample(args.one_pinned, args.pinned_rcvbuf_kib * 1024))
+        return 0
     loops = args.loops.split(",")
+    if args.pinned_rcvbuf_kib:
+        return pinned(loops, args.samples, args.pinned_rcvbuf_kib)
     if args.cross_process:
         return cross_process(loops, args.samples, args.chunk_kib, lowats)
     return in_process(loops, args.samples)

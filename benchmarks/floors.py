@@ -169,9 +169,9 @@ def _read_all(side: Any, want: int) -> int:
     return got
 
 
-def _tcp_pair(nodelay: bool = False) -> Any:
+def _tcp_pair(nodelay: bool = False, rcvbuf: int = 0) -> Any:
     """A connected, non-blocking loopback TCP pair (TCP_NODELAY on both
-    ends if asked)."""
+    ends if asked; the second end's SO_RCVBUF pinned if `rcvbuf`)."""
     listener = socket.create_server((workloads.HOST, 0))
     a = socket.create_connection(listener.getsockname())
     b, _ = listener.accept()
@@ -180,6 +180,8 @@ def _tcp_pair(nodelay: bool = False) -> Any:
         s.setblocking(False)
         if nodelay:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if rcvbuf:
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     return a, b
 
 
@@ -261,13 +263,13 @@ def floor_tls_echo(variant: str, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def floor_bulk_flow(variant: str, mib: int) -> float:
+def floor_bulk_flow(variant: str, mib: int, rcvbuf: int = 0) -> float:
     total = mib * workloads.MIB
     c = workloads.FLOW_CHUNK
     period = workloads.BULK_PERIOD
     chunk = memoryview(bytes(i % period for i in range(c)))
     t0 = time.perf_counter()
-    a, b = _tcp_pair(nodelay=True)
+    a, b = _tcp_pair(nodelay=True, rcvbuf=rcvbuf)
     view = memoryview(bytearray(workloads.PIPE_OUTPUT_READ))
     sent = got = mismatches = 0
     out = chunk[:0]

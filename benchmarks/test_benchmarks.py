@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from typing import Iterator
 
@@ -1093,3 +1094,26 @@ def test_bulk_modes_cross_process_reader_gets_every_byte(loop_name: str) -> None
     import bulk_modes
 
     assert bulk_modes.cross_process_sample(loop_name, 256 * 1024, 0) > 0
+
+
+@pytest.mark.parametrize("loop_name", ["floor", "asyncio", "zuvrs"])
+def test_bulk_modes_pinned_sample_moves_every_byte(loop_name: str) -> None:
+    """A pinned-buffer sample ends only when the receiver has counted all
+    of its bytes (a loop that lost some would time out) and reports a
+    rate; ``floor`` is the same transfer with no loop."""
+    import bulk_modes
+
+    assert bulk_modes.pinned_sample(loop_name, 256 * 1024, total=8 * 1024 * 1024) > 0
+
+
+def test_floor_tcp_pair_pins_the_receive_buffer() -> None:
+    """floors.py's pair pins the second end's SO_RCVBUF when asked (Linux
+    doubles the value set, and autotuning leaves a pinned buffer alone)."""
+    import floors
+
+    a, b = floors._tcp_pair(nodelay=True, rcvbuf=256 * 1024)
+    try:
+        assert b.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 512 * 1024
+    finally:
+        a.close()
+        b.close()
