@@ -45,7 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List, cast
+from typing import Dict, List, TypeVar, cast
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -63,6 +63,9 @@ FAST_FACTOR = 1.35
 TCP_NOTSENT_LOWAT = 25
 
 CROSS_TOTAL = 1024 * workloads.MIB
+
+#: What a run of child_rates is known by (a loop, or a loop and an option).
+K = TypeVar("K")
 
 READER = r"""
 import socket, sys, time
@@ -189,29 +192,42 @@ def cross_process_sample(loop_name: str, chunk: int, lowat: int) -> float:
         os.sched_setaffinity(0, cores)
 
 
+def child_rates(runs: Dict[K, List[str]], samples: int, timeout: float) -> Dict[K, List[float]]:
+    """Runs each of `runs` (this script's arguments for one sample, which
+    prints its MiB/s last) `samples` times, interleaved, each in a fresh
+    process as compare.py's samples are; the rates per run that did not
+    fail."""
+    rates: Dict[K, List[float]] = {key: [] for key in runs}
+    for i in range(samples):
+        for key, args in runs.items():
+            cmd = [sys.executable, os.path.abspath(__file__), *args]
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            if out.returncode != 0:
+                print(f"{key} failed: {out.stderr.strip()[-300:]}", file=sys.stderr)
+                continue
+            rate = float(out.stdout.split()[-1])
+            rates[key].append(rate)
+            print(f"[{i + 1}/{samples}] {key}: {rate:8.0f} MiB/s", file=sys.stderr, flush=True)
+    return rates
+
+
+def spread(r: List[float]) -> str:
+    """median (min-max)"""
+    return f"{statistics.median(r):,.0f} ({min(r):,.0f}-{max(r):,.0f})"
+
+
 def cross_process(loops: List[str], samples: int, chunk_kib: int, lowats_kib: List[int]) -> int:
-    rates: Dict[tuple, List[float]] = {}
-    for _ in range(samples):
-        for loop in loops:
-            for lowat in lowats_kib:
-                # Each sample in a fresh process, as compare.py's are.
-                cmd = [sys.executable, os.path.abspath(__file__), "--one-cross", loop,
-                       "--chunk-kib", str(chunk_kib), "--notsent-lowat-kib", str(lowat)]
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-                if out.returncode != 0:
-                    print(f"{loop} lowat {lowat} KiB failed: {out.stderr.strip()[-300:]}", file=sys.stderr)
-                    continue
-                rate = float(out.stdout.split()[-1])
-                rates.setdefault((loop, lowat), []).append(rate)
-                print(f"{loop:8} chunk {chunk_kib} KiB lowat {lowat or '-'} KiB: {rate:8.0f} MiB/s",
-                      file=sys.stderr, flush=True)
+    runs = {(loop, lowat): ["--one-cross", loop, "--chunk-kib", str(chunk_kib),
+                            "--notsent-lowat-kib", str(lowat)]
+            for loop in loops for lowat in lowats_kib}
+    rates = child_rates(runs, samples, 120)
+    print(f"Writes of {chunk_kib} KiB")
     print("| loop | TCP_NOTSENT_LOWAT | MiB/s, median (min-max) |")
     print("|---|---:|---:|")
     for (loop, lowat), r in rates.items():
-        print(f"| {loop} | {str(lowat) + ' KiB' if lowat else 'unset'} | "
-              f"{statistics.median(r):,.0f} ({min(r):,.0f}-{max(r):,.0f}) |")
+        if r:
+            print(f"| {loop} | {str(lowat) + ' KiB' if lowat else 'unset'} | {spread(r)} |")
     return 0
-
 
 PINNED_TOTAL = 512 * workloads.MIB
 
@@ -265,26 +281,15 @@ def pinned_sample(loop_name: str, rcvbuf: int, total: int = PINNED_TOTAL) -> flo
 
 
 def pinned(loops: List[str], samples: int, rcvbuf_kib: int) -> int:
-    rates: Dict[str, List[float]] = {loop: [] for loop in loops}
-    for i in range(samples):
-        for loop in loops:
-            cmd = [sys.executable, os.path.abspath(__file__), "--one-pinned", loop,
-                   "--pinned-rcvbuf-kib", str(rcvbuf_kib)]
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-            if out.returncode != 0:
-                print(f"{loop} failed: {out.stderr.strip()[-300:]}", file=sys.stderr)
-                continue
-            rate = float(out.stdout.split()[-1])
-            rates[loop].append(rate)
-            print(f"[{i + 1}/{samples}] {loop:8} {rate:8.0f} MiB/s", file=sys.stderr, flush=True)
+    runs = {loop: ["--one-pinned", loop, "--pinned-rcvbuf-kib", str(rcvbuf_kib)] for loop in loops}
+    rates = child_rates(runs, samples, 180)
     print(f"SO_RCVBUF pinned at {rcvbuf_kib} KiB (the kernel doubles it)")
     print("| loop | MiB/s, median (min-max) |")
     print("|---|---:|")
     for loop, r in rates.items():
         if r:
-            print(f"| {loop} | {statistics.median(r):,.0f} ({min(r):,.0f}-{max(r):,.0f}) |")
+            print(f"| {loop} | {spread(r)} |")
     return 0
-
 
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
