@@ -254,8 +254,52 @@ impl StreamCore {
         match action {
             None => Ok(()),
             Some(WriteAction::Drop) => self.drop_write(py),
-            Some(WriteAction::Queue) => self.enqueue_raw(py, chunk, len),
+            Some(WriteAction::Queue) => match self.write_at_once(py, chunk, len)? {
+                Some(chunk) => self.enqueue_raw(py, chunk, len),
+                None => Ok(()),
+            },
         }
+    }
+
+    /// A write that `enqueue_all` would flush at once (too large to hold
+    /// for the turn, or no turn coming) while nothing is queued or in
+    /// flight: the kernel is offered the caller's bytes straight away, and
+    /// only what it leaves is queued. A bulk writer's every write then
+    /// costs its system call and little else. Gives the chunk back when it
+    /// is to be queued as usual.
+    fn write_at_once(&self, py: Python<'_>, chunk: Chunk, len: usize) -> PyResult<Option<Chunk>> {
+        let running = self.shared().is_running(py);
+        let io = &self.shared().stats.io;
+        let tried = self.state.with(py, |st| {
+            let high = st.reader.socket_high_water(&st.base);
+            if !st.writes.is_idle() || st.writes.flush_pending || (len <= high && running) {
+                return Err(chunk);
+            }
+            let Some(stream) = st.handle.as_ref() else { return Err(chunk) };
+            st.base.stats.buffered(len);
+            let n = stream.try_write(&[chunk.io_buf(MAX_WRITE)]);
+            st.base.stats.wrote(io, 1, n.max(0) as usize);
+            Ok((n, chunk))
+        });
+        let (n, mut chunk) = match tried {
+            Ok(tried) => tried,
+            Err(chunk) => return Ok(Some(chunk)),
+        };
+        if n < 0 && n != sys::uv_errno_t_UV_EAGAIN {
+            drop(chunk);
+            return self.write_failed(py, n).map(|()| None);
+        }
+        let taken = n.max(0) as usize;
+        if taken == len {
+            return Ok(None);
+        }
+        chunk.advance(taken);
+        self.state.with(py, |st| {
+            st.writes.queue.push_back(chunk);
+            st.writes.queued_bytes += len - taken;
+        });
+        self.submit(py)?;
+        self.queue_grew(py).map(|()| None)
     }
 
     /// A write dropped, as asyncio drops writes to a lost connection (and,
