@@ -93,6 +93,26 @@ pub(crate) mod transport {
             self.0.into_bound(py)
         }
 
+        /// Hands the object out as its first `n` bytes (0 < `n` <= its
+        /// length) without copying them: its length is cut to `n` in place,
+        /// with the NUL every `bytes` ends with after them. The memory past
+        /// them stays the object's (CPython frees an object's memory whole,
+        /// whatever its length says), and `CutBytes::reclaim` restores it.
+        pub(crate) fn cut(self, py: Python<'_>, n: usize) -> CutBytes<'_> {
+            let full = self.as_slice().len();
+            assert!(n > 0 && n <= full, "a cut within the buffer");
+            let p = self.0.as_ptr();
+            // SAFETY: nobody else references the object (the type's
+            // invariant), so nobody sees its length change; `n` is within
+            // its memory, which holds `full` bytes and their NUL.
+            unsafe {
+                let data = std::ptr::addr_of_mut!((*(p as *mut ffi::PyBytesObject)).ob_sval) as *mut u8;
+                *data.add(n) = 0;
+                (*(p as *mut ffi::PyVarObject)).ob_size = n as ffi::Py_ssize_t;
+            }
+            CutBytes { bytes: self.0.into_bound(py), full }
+        }
+
         /// Takes a `bytes` back for filling, if nobody else references it
         /// and it is an exact `bytes` of `len` bytes (None drops it).
         pub(crate) fn reclaim(bytes: Bound<'_, PyBytes>, len: usize) -> Option<FillBytes> {
@@ -113,6 +133,48 @@ pub(crate) mod transport {
                 (*(p as *mut ffi::PyBytesObject)).ob_shash = -1;
             }
             Some(FillBytes(bytes.unbind()))
+        }
+    }
+
+    /// A `FillBytes` handed out with its length cut (`FillBytes::cut`).
+    pub(crate) struct CutBytes<'py> {
+        bytes: Bound<'py, PyBytes>,
+        /// Its length before the cut (what its memory holds).
+        full: usize,
+    }
+
+    impl<'py> CutBytes<'py> {
+        #[inline]
+        pub(crate) fn bytes(&self) -> &Bound<'py, PyBytes> {
+            &self.bytes
+        }
+
+        /// Whether the cut left bytes out (the read did not fill it).
+        #[inline]
+        pub(crate) fn is_short(&self) -> bool {
+            bytes_data(self.bytes.as_unbound()).len() < self.full
+        }
+
+        /// Back for filling at its full length, if nobody else references
+        /// it. Otherwise whoever kept it keeps all its memory, and it stays
+        /// a valid `bytes` of the cut length: Err gives it back.
+        pub(crate) fn reclaim(self) -> Result<FillBytes, Bound<'py, PyBytes>> {
+            let p = self.bytes.as_ptr();
+            // SAFETY: reading the refcount of a live object.
+            if unsafe { ffi::Py_REFCNT(p) } != 1 {
+                return Err(self.bytes);
+            }
+            // SAFETY: ours is the only reference, so the object can be
+            // rewritten: back to the length its memory holds (the byte after
+            // it is still the NUL `bytes(full)` wrote, which reads never
+            // reach), and without the hash of the cut contents, if anyone
+            // hashed them.
+            #[allow(deprecated)]
+            unsafe {
+                (*(p as *mut ffi::PyVarObject)).ob_size = self.full as ffi::Py_ssize_t;
+                (*(p as *mut ffi::PyBytesObject)).ob_shash = -1;
+            }
+            Ok(FillBytes(self.bytes.unbind()))
         }
     }
 

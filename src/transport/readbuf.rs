@@ -9,17 +9,28 @@
 //! reference (asyncio's StreamReader copies what it gets), the same object
 //! serves the next read. Besides a copy this saves a large allocation per
 //! read, which glibc serves by growing and trimming the heap: page faults
-//! that cost more than the copy. Shorter reads are copied into an exactly
-//! sized `bytes`.
+//! that cost more than the copy.
+//!
+//! A shorter read of at least `LEND_MIN` bytes (the last read of a bulk
+//! transfer's burst) is handed out the same way, the buffer's length cut to
+//! the read's in place (`FillBytes::cut`) and restored when it comes back.
+//! A protocol that keeps such a `bytes` keeps all the buffer's memory, at
+//! most READ_SIZE / LEND_MIN times what it holds: the transport then copies
+//! short reads for it from then on (`Delivered::kept_short`), so that costs
+//! one buffer per transport at most. Shorter reads are copied into an
+//! exactly sized `bytes`.
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::capi::transport::{with_read_buffer, FillBytes};
+use crate::capi::transport::{with_read_buffer, CutBytes, FillBytes};
 
 /// The most one read takes (asyncio's `max_size` for sockets, pipes and
 /// datagrams).
 pub(crate) const READ_SIZE: usize = 256 * 1024;
+
+/// The shortest read handed out in the buffer itself rather than copied.
+pub(crate) const LEND_MIN: usize = READ_SIZE / 4;
 
 /// `f` on the buffer, made first if needed (None when out of memory).
 #[inline]
@@ -61,12 +72,53 @@ pub(crate) fn copy<'py>(py: Python<'py>, n: usize) -> Bound<'py, PyBytes> {
     })
 }
 
-/// What the last read put in the buffer, as a `bytes` of its own: the
-/// buffer itself when the read filled it.
-pub(crate) fn take(py: Python<'_>, n: usize) -> Option<Bound<'_, PyBytes>> {
-    if n < READ_SIZE {
-        return with_read_buffer(|slot| slot.as_ref().map(|b| PyBytes::new(py, &b.as_slice()[..n])));
+/// What a read put in the buffer, as the `bytes` a protocol gets.
+pub(crate) enum Delivered<'py> {
+    /// The buffer itself, cut to the read's length.
+    Lent(CutBytes<'py>),
+    /// A copy.
+    Copied(Bound<'py, PyBytes>),
+}
+
+impl<'py> Delivered<'py> {
+    #[inline]
+    pub(crate) fn bytes(&self) -> &Bound<'py, PyBytes> {
+        match self {
+            Delivered::Lent(cut) => cut.bytes(),
+            Delivered::Copied(b) => b,
+        }
     }
+
+    /// Back once the protocol is done with it: the buffer serves the next
+    /// read if nobody kept it. True if the protocol kept a short read's
+    /// buffer (copy short reads for it from now on).
+    pub(crate) fn give_back(self) -> bool {
+        let Delivered::Lent(cut) = self else { return false };
+        let short = cut.is_short();
+        match cut.reclaim() {
+            Ok(buffer) => {
+                let unused = with_read_buffer(|slot| if slot.is_none() { slot.replace(buffer) } else { Some(buffer) });
+                drop(unused);
+                false
+            }
+            Err(_kept) => short,
+        }
+    }
+}
+
+/// What the last read (`n` bytes) put in the buffer, for a protocol: the
+/// buffer itself when the read filled it or, unless `copy_short`, when it
+/// holds at least LEND_MIN bytes; otherwise a copy.
+pub(crate) fn deliver(py: Python<'_>, n: usize, copy_short: bool) -> Option<Delivered<'_>> {
+    if n < READ_SIZE && (copy_short || n < LEND_MIN) {
+        return with_read_buffer(|slot| slot.as_ref().map(|b| Delivered::Copied(PyBytes::new(py, &b.as_slice()[..n]))));
+    }
+    with_read_buffer(|slot| slot.take()).map(|b| Delivered::Lent(b.cut(py, n)))
+}
+
+/// The buffer itself, whole, as a `bytes` of its own (None when there is
+/// none).
+pub(crate) fn take_whole(py: Python<'_>) -> Option<Bound<'_, PyBytes>> {
     with_read_buffer(|slot| slot.take()).map(|b| b.into_bytes(py))
 }
 

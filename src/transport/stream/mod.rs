@@ -114,6 +114,10 @@ pub(crate) struct StreamState {
     /// The connection ends with the core's `_end` (socket.rs), not with
     /// the Python transport's `_call_connection_lost`.
     native_end: bool,
+    /// The protocol kept a short read's `bytes`, which was the loop's read
+    /// buffer: short reads are copied for this transport from now on
+    /// (readbuf.rs).
+    copy_short_reads: bool,
 }
 
 impl HasBase for StreamState {
@@ -395,6 +399,7 @@ impl StreamCore {
                     write_failed: false,
                     sink: None,
                     native_end: false,
+                    copy_short_reads: false,
                 }),
             },
         )?;

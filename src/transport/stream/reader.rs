@@ -187,10 +187,15 @@ impl StreamCore {
         let result = match self.sink(py) {
             Some(sink) => self.deliver_to_sink(py, &*sink, n),
             None => {
-                let Some(protocol) = self.protocol(py) else { return Ok(()) };
-                let Some(bytes) = readbuf::take(py, n) else { return Ok(()) };
-                let result = python::call_method(protocol.bind(py), python::protocol::data_received(py), (&bytes,));
-                readbuf::give_back(bytes);
+                let (protocol, copy_short) =
+                    self.state.with(py, |st| (st.base.protocol.as_ref().map(|p| p.clone_ref(py)), st.copy_short_reads));
+                let Some(protocol) = protocol else { return Ok(()) };
+                let Some(data) = readbuf::deliver(py, n, copy_short) else { return Ok(()) };
+                let result =
+                    python::call_method(protocol.bind(py), python::protocol::data_received(py), (data.bytes(),));
+                if data.give_back() {
+                    self.state.with(py, |st| st.copy_short_reads = true);
+                }
                 result.map(drop)
             }
         };

@@ -40,7 +40,7 @@ use crate::eventloop::ClientPtr;
 use crate::python;
 use crate::tls::{self, Decrypted, Handshake, Opened, Shutdown, TlsSession, UniqueBytes, WritableBuffer, Write};
 use crate::transport::base::{Transport, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
-use crate::transport::readbuf::{self, READ_SIZE};
+use crate::transport::readbuf;
 use crate::uv::sys;
 
 /// asyncio's water marks for TLS: writes (FLOW_CONTROL_HIGH_WATER_SSL_WRITE)
@@ -411,7 +411,7 @@ impl StreamCore {
     fn tls_read_copied(&self, py: Python<'_>) -> PyResult<bool> {
         // The read buffer, taken out for its bytes to be written (this is
         // its only reference, as between reads); None when out of memory.
-        let taken = readbuf::memory(py).and_then(|_| readbuf::take(py, READ_SIZE)).map(UniqueBytes::new);
+        let taken = readbuf::memory(py).and_then(|_| readbuf::take_whole(py)).map(UniqueBytes::new);
         let Some(Ok(mut plain)) = taken else {
             return Err(pyo3::exceptions::PyMemoryError::new_err(()));
         };
