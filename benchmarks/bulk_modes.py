@@ -33,6 +33,11 @@ chance, so loops compare at one buffer size with a small spread. The
 pseudo-loop ``floor`` is the same transfer with no loop at all
 (floors.py's ``tcp_fill`` on the same pinned buffer). One fresh process per
 sample, loops interleaved; rate up to the last byte.
+``--congestion-control NAME`` gives the writing socket that TCP congestion
+control (``cubic``, ``bbr``, ...; TCP_CONGESTION, no privilege needed)
+instead of the machine's default, which every table names: on loopback the
+choice moves all loops' bulk rates by more than a factor of two
+(docs/performance.md, "Bulk and the congestion control").
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ def in_process(loops: List[str], samples: int) -> int:
                 continue
             rates[loop].append(float(rate))
             print(f"[{i + 1}/{samples}] {loop:8} {rate:8.0f} MiB/s", file=sys.stderr, flush=True)
+    print(congestion_control_line())
     print("| loop | median MiB/s | slow-mode median | fast samples |")
     print("|---|---:|---:|---:|")
     for loop in loops:
@@ -222,6 +228,7 @@ def cross_process(loops: List[str], samples: int, chunk_kib: int, lowats_kib: Li
             for loop in loops for lowat in lowats_kib}
     rates = child_rates(runs, samples, 120)
     print(f"Writes of {chunk_kib} KiB")
+    print(congestion_control_line())
     print("| loop | TCP_NOTSENT_LOWAT | MiB/s, median (min-max) |")
     print("|---|---:|---:|")
     for (loop, lowat), r in rates.items():
@@ -252,26 +259,38 @@ class _PinnedReceiver(asyncio.Protocol):
             self.done.set_result(time.perf_counter())
 
 
-def pinned_sample(loop_name: str, rcvbuf: int, total: int = PINNED_TOTAL) -> float:
-    """One pinned-buffer run of `total` bytes (whole MiB) in this process;
-    MiB/s to the last byte."""
+def pinned_sample(loop_name: str, rcvbuf: int, total: int = PINNED_TOTAL, cc: str = "") -> float:
+    """One pinned-buffer run of `total` bytes (whole MiB) in this process,
+    the writer on congestion control `cc` (else the machine's); MiB/s to
+    the last byte."""
     mib = total / workloads.MIB
     if loop_name == "floor":
-        return mib / floors.floor_bulk_flow("tcp_fill", total // workloads.MIB, rcvbuf=rcvbuf)
+        return mib / floors.floor_bulk_flow("tcp_fill", total // workloads.MIB, rcvbuf=rcvbuf, cc=cc)
     loop = workloads.get_loop_factory(loop_name)()
 
     async def main() -> float:
         last = loop.create_future()
         closed = loop.create_future()
-        server = await loop.create_server(lambda: _PinnedReceiver(rcvbuf, total, last), "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        # The sockets made here, to be on `cc` from the first segment.
+        listener = socket.create_server(("127.0.0.1", 0))
+        client = socket.socket()
+        if cc:
+            for s in (listener, client):
+                floors.set_congestion_control(s, cc)
+        address = listener.getsockname()
+        server = await loop.create_server(lambda: _PinnedReceiver(rcvbuf, total, last), sock=listener)
         t0 = time.perf_counter()
+        client.connect(address)
+        client.setblocking(False)
         tr, _ = await loop.create_connection(
-            lambda: _Writer(workloads.FLOW_CHUNK, 0, closed, total), "127.0.0.1", port)
+            lambda: _Writer(workloads.FLOW_CHUNK, 0, closed, total), sock=client)
         try:
             return mib / (await asyncio.wait_for(last, 120) - t0)
         finally:
-            tr.abort()
+            # (asyncio's transport, closed by the writer and drained, fails
+            # an abort() once connection_lost has run.)
+            if not tr.is_closing():
+                tr.abort()
             server.close()
 
     try:
@@ -280,10 +299,20 @@ def pinned_sample(loop_name: str, rcvbuf: int, total: int = PINNED_TOTAL) -> flo
         loop.close()
 
 
-def pinned(loops: List[str], samples: int, rcvbuf_kib: int) -> int:
-    runs = {loop: ["--one-pinned", loop, "--pinned-rcvbuf-kib", str(rcvbuf_kib)] for loop in loops}
+def congestion_control_line(cc: str = "") -> str:
+    """What the table's writers ran on."""
+    host = floors.host_congestion_control()
+    if cc and cc != host:
+        return f"TCP congestion control: {cc} (this machine's default: {host})"
+    return f"TCP congestion control: {host}, this machine's default"
+
+
+def pinned(loops: List[str], samples: int, rcvbuf_kib: int, cc: str = "") -> int:
+    runs = {loop: ["--one-pinned", loop, "--pinned-rcvbuf-kib", str(rcvbuf_kib), "--congestion-control", cc]
+            for loop in loops}
     rates = child_rates(runs, samples, 180)
     print(f"SO_RCVBUF pinned at {rcvbuf_kib} KiB (the kernel doubles it)")
+    print(congestion_control_line(cc))
     print("| loop | MiB/s, median (min-max) |")
     print("|---|---:|")
     for loop, r in rates.items():
@@ -299,6 +328,8 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--chunk-kib", type=int, default=256)
     ap.add_argument("--notsent-lowat-kib", default="0")
     ap.add_argument("--pinned-rcvbuf-kib", type=int, default=0)
+    ap.add_argument("--congestion-control", default="",
+                    help="the writer's TCP congestion control (pinned mode; default: the machine's)")
     ap.add_argument("--one-cross", help=argparse.SUPPRESS)
     ap.add_argument("--one-pinned", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -307,11 +338,13 @@ def main(argv: List[str] | None = None) -> int:
         print(cross_process_sample(args.one_cross, args.chunk_kib * 1024, lowats[0] * 1024))
         return 0
     if args.one_pinned:
-        print(pinned_sample(args.one_pinned, args.pinned_rcvbuf_kib * 1024))
+        print(pinned_sample(args.one_pinned, args.pinned_rcvbuf_kib * 1024, cc=args.congestion_control))
         return 0
     loops = args.loops.split(",")
     if args.pinned_rcvbuf_kib:
-        return pinned(loops, args.samples, args.pinned_rcvbuf_kib)
+        return pinned(loops, args.samples, args.pinned_rcvbuf_kib, args.congestion_control)
+    if args.congestion_control:
+        ap.error("--congestion-control applies to --pinned-rcvbuf-kib runs (else set the machine's default)")
     if args.cross_process:
         return cross_process(loops, args.samples, args.chunk_kib, lowats)
     return in_process(loops, args.samples)

@@ -169,11 +169,37 @@ def _read_all(side: Any, want: int) -> int:
     return got
 
 
-def _tcp_pair(nodelay: bool = False, rcvbuf: int = 0) -> Any:
+#: Linux's TCP_CONGESTION (the socket module names it from 3.6 on Linux).
+TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
+
+
+def host_congestion_control() -> str:
+    """The TCP congestion control new connections get on this machine."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def set_congestion_control(sock: Any, name: str) -> None:
+    """Gives `sock` the congestion control `name` (TCP_CONGESTION; any of
+    net.ipv4.tcp_allowed_congestion_control, no privilege needed). Set it
+    before connecting (on a listener, for the sockets it accepts): a
+    connection that started on bbr keeps pacing after a switch."""
+    sock.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, name.encode())
+
+
+def _tcp_pair(nodelay: bool = False, rcvbuf: int = 0, cc: str = "") -> Any:
     """A connected, non-blocking loopback TCP pair (TCP_NODELAY on both
-    ends if asked; the second end's SO_RCVBUF pinned if `rcvbuf`)."""
+    ends if asked; the second end's SO_RCVBUF pinned if `rcvbuf`; both on
+    congestion control `cc` from the start if given)."""
     listener = socket.create_server((workloads.HOST, 0))
-    a = socket.create_connection(listener.getsockname())
+    a = socket.socket()
+    if cc:
+        for s in (listener, a):
+            set_congestion_control(s, cc)
+    a.connect(listener.getsockname())
     b, _ = listener.accept()
     listener.close()
     for s in (a, b):
@@ -263,13 +289,13 @@ def floor_tls_echo(variant: str, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def floor_bulk_flow(variant: str, mib: int, rcvbuf: int = 0) -> float:
+def floor_bulk_flow(variant: str, mib: int, rcvbuf: int = 0, cc: str = "") -> float:
     total = mib * workloads.MIB
     c = workloads.FLOW_CHUNK
     period = workloads.BULK_PERIOD
     chunk = memoryview(bytes(i % period for i in range(c)))
     t0 = time.perf_counter()
-    a, b = _tcp_pair(nodelay=True, rcvbuf=rcvbuf)
+    a, b = _tcp_pair(nodelay=True, rcvbuf=rcvbuf, cc=cc)
     view = memoryview(bytearray(workloads.PIPE_OUTPUT_READ))
     sent = got = mismatches = 0
     out = chunk[:0]

@@ -1106,6 +1106,31 @@ def test_bulk_modes_pinned_sample_moves_every_byte(loop_name: str) -> None:
     assert bulk_modes.pinned_sample(loop_name, 256 * 1024, total=8 * 1024 * 1024) > 0
 
 
+@pytest.mark.parametrize("loop_name", ["floor", "asyncio", "zuvrs"])
+def test_bulk_modes_pinned_sample_on_another_congestion_control(loop_name: str) -> None:
+    """--congestion-control: the pinned sample's sockets (the floor's too)
+    are made on it; reno is always there and allowed."""
+    import bulk_modes
+
+    assert bulk_modes.pinned_sample(loop_name, 256 * 1024, total=8 * 1024 * 1024, cc="reno") > 0
+
+
+def test_floor_tcp_pair_on_a_congestion_control() -> None:
+    """floors.py's pair is on the congestion control asked for, both ends
+    (the accepted one inherits the listener's), from the first segment."""
+    import floors
+
+    a, b = floors._tcp_pair(cc="reno")
+    try:
+        for s in (a, b):
+            name = s.getsockopt(socket.IPPROTO_TCP, floors.TCP_CONGESTION, 16)
+            assert name.rstrip(b"\0") == b"reno"
+        assert floors.host_congestion_control() != ""
+    finally:
+        a.close()
+        b.close()
+
+
 def test_floor_tcp_pair_pins_the_receive_buffer() -> None:
     """floors.py's pair pins the second end's SO_RCVBUF when asked (Linux
     doubles the value set, and autotuning leaves a pinned buffer alone)."""
