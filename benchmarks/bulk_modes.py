@@ -4,7 +4,7 @@ another process.
     python3 benchmarks/bulk_modes.py --samples 20 --loops zuvrs,rloop,uvloop
     python3 benchmarks/bulk_modes.py --cross-process --loops zuvrs,uvloop \\
         --chunk-kib 1024 --notsent-lowat-kib 0,256 --samples 3
-    python3 benchmarks/bulk_modes.py --pinned-rcvbuf-kib 1800 \\
+    python3 benchmarks/bulk_modes.py --pinned-rcvbuf-kib 1800 --congestion-control cubic \\
         --loops floor,zuvrs,rloop --samples 8
 
 On loopback, one run of ``tcp_bulk_flow`` either goes at the usual speed
@@ -38,6 +38,11 @@ control (``cubic``, ``bbr``, ...; TCP_CONGESTION, no privilege needed)
 instead of the machine's default, which every table names: on loopback the
 choice moves all loops' bulk rates by more than a factor of two
 (docs/performance.md, "Bulk and the congestion control").
+
+Every mode interleaves its samples in rounds, reversing the order on
+alternate rounds, and ends with the first loop's rate over each other's,
+paired within rounds, with a 95% bootstrap interval: differences of a few
+per cent need that, as samples of one loop spread by 10-20%.
 """
 
 from __future__ import annotations
@@ -45,12 +50,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import socket
 import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List, TypeVar, cast
+from typing import Dict, Iterator, List, Tuple, TypeVar, cast
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -98,17 +104,49 @@ def split_modes(rates: List[float]) -> Dict[str, float]:
             "fast": len(rates) - len(slow), "samples": len(rates)}
 
 
-def in_process(loops: List[str], samples: int) -> int:
-    rates: Dict[str, List[float]] = {loop: [] for loop in loops}
+def round_orders(keys: List[K], samples: int) -> Iterator[Tuple[int, List[K]]]:
+    """The rounds of an interleaved run: every key once per round, in the
+    given order and reversed on alternate rounds (a fixed order gives each
+    position's bias, such as what the previous sample left in the
+    kernel's buffers, to one key)."""
     for i in range(samples):
-        for loop in loops:
+        yield i, (keys if i % 2 == 0 else keys[::-1])
+
+
+def by_key(rounds: List[Dict[K, float]], keys: List[K]) -> Dict[K, List[float]]:
+    """The rates of each key over the rounds (where its sample worked)."""
+    return {key: [r[key] for r in rounds if key in r] for key in keys}
+
+
+def paired_ratios(rounds: List[Dict[K, float]], keys: List[K]) -> str:
+    """The first key's rate over each other's, as the median of the ratios
+    within a round, with a 95% bootstrap interval (rounds where both
+    worked)."""
+    rng = random.Random(0)
+    parts = []
+    for other in keys[1:]:
+        ratios = [r[keys[0]] / r[other] for r in rounds if keys[0] in r and other in r]
+        if len(ratios) < 2:
+            continue
+        boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+        parts.append(f"{keys[0]}/{other} {statistics.median(ratios):.3f} "
+                     f"[{boot[len(boot) // 40]:.3f}-{boot[-1 - len(boot) // 40]:.3f}]")
+    return ("Paired, median of the ratios within a round [95% bootstrap]: " + ", ".join(parts)) if parts else ""
+
+
+def in_process(loops: List[str], samples: int) -> int:
+    rounds: List[Dict[str, float]] = []
+    for i, order in round_orders(loops, samples):
+        rounds.append({})
+        for loop in order:
             s = compare.run_sample(sys.executable, loop, "tcp_bulk_flow", 512, 120, None, False)
             rate = (s.get("info") or {}).get("mib_s_to_last_byte")
             if not rate:
                 print(f"{loop}: sample {i + 1} gave no rate ({s.get('error', 'no result')})", file=sys.stderr)
                 continue
-            rates[loop].append(float(rate))
+            rounds[-1][loop] = float(rate)
             print(f"[{i + 1}/{samples}] {loop:8} {rate:8.0f} MiB/s", file=sys.stderr, flush=True)
+    rates = by_key(rounds, loops)
     print(congestion_control_line())
     print("| loop | median MiB/s | slow-mode median | fast samples |")
     print("|---|---:|---:|---:|")
@@ -116,6 +154,7 @@ def in_process(loops: List[str], samples: int) -> int:
         if rates[loop]:
             m = split_modes(rates[loop])
             print(f"| {loop} | {m['median']:,.0f} | {m['slow_median']:,.0f} | {m['fast']} of {m['samples']} |")
+    print(paired_ratios(rounds, loops))
     return 0
 
 
@@ -198,23 +237,24 @@ def cross_process_sample(loop_name: str, chunk: int, lowat: int) -> float:
         os.sched_setaffinity(0, cores)
 
 
-def child_rates(runs: Dict[K, List[str]], samples: int, timeout: float) -> Dict[K, List[float]]:
+def child_rates(runs: Dict[K, List[str]], samples: int, timeout: float) -> List[Dict[K, float]]:
     """Runs each of `runs` (this script's arguments for one sample, which
-    prints its MiB/s last) `samples` times, interleaved, each in a fresh
-    process as compare.py's samples are; the rates per run that did not
-    fail."""
-    rates: Dict[K, List[float]] = {key: [] for key in runs}
-    for i in range(samples):
-        for key, args in runs.items():
-            cmd = [sys.executable, os.path.abspath(__file__), *args]
+    prints its MiB/s last) `samples` times, interleaved (round_orders),
+    each in a fresh process as compare.py's samples are; per round, the
+    rate of each run that did not fail."""
+    rounds: List[Dict[K, float]] = []
+    for i, order in round_orders(list(runs), samples):
+        rounds.append({})
+        for key in order:
+            cmd = [sys.executable, os.path.abspath(__file__), *runs[key]]
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             if out.returncode != 0:
                 print(f"{key} failed: {out.stderr.strip()[-300:]}", file=sys.stderr)
                 continue
             rate = float(out.stdout.split()[-1])
-            rates[key].append(rate)
+            rounds[-1][key] = rate
             print(f"[{i + 1}/{samples}] {key}: {rate:8.0f} MiB/s", file=sys.stderr, flush=True)
-    return rates
+    return rounds
 
 
 def spread(r: List[float]) -> str:
@@ -226,7 +266,7 @@ def cross_process(loops: List[str], samples: int, chunk_kib: int, lowats_kib: Li
     runs = {(loop, lowat): ["--one-cross", loop, "--chunk-kib", str(chunk_kib),
                             "--notsent-lowat-kib", str(lowat)]
             for loop in loops for lowat in lowats_kib}
-    rates = child_rates(runs, samples, 120)
+    rates = by_key(child_rates(runs, samples, 120), list(runs))
     print(f"Writes of {chunk_kib} KiB")
     print(congestion_control_line())
     print("| loop | TCP_NOTSENT_LOWAT | MiB/s, median (min-max) |")
@@ -310,14 +350,15 @@ def congestion_control_line(cc: str = "") -> str:
 def pinned(loops: List[str], samples: int, rcvbuf_kib: int, cc: str = "") -> int:
     runs = {loop: ["--one-pinned", loop, "--pinned-rcvbuf-kib", str(rcvbuf_kib), "--congestion-control", cc]
             for loop in loops}
-    rates = child_rates(runs, samples, 180)
+    rounds = child_rates(runs, samples, 180)
     print(f"SO_RCVBUF pinned at {rcvbuf_kib} KiB (the kernel doubles it)")
     print(congestion_control_line(cc))
     print("| loop | MiB/s, median (min-max) |")
     print("|---|---:|")
-    for loop, r in rates.items():
+    for loop, r in by_key(rounds, loops).items():
         if r:
             print(f"| {loop} | {spread(r)} |")
+    print(paired_ratios(rounds, loops))
     return 0
 
 def main(argv: List[str] | None = None) -> int:

@@ -1106,6 +1106,20 @@ def test_bulk_modes_pinned_sample_moves_every_byte(loop_name: str) -> None:
     assert bulk_modes.pinned_sample(loop_name, 256 * 1024, total=8 * 1024 * 1024) > 0
 
 
+def test_bulk_modes_rounds_alternate_and_pair() -> None:
+    """Interleaved rounds reverse their order every other round; rates are
+    paired within a round (a failed sample drops only its own pairs)."""
+    import bulk_modes
+
+    orders = [order for _, order in bulk_modes.round_orders(["a", "b", "c"], 3)]
+    assert orders == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+    rounds = [{"a": 110.0, "b": 100.0}, {"a": 120.0, "b": 100.0}, {"a": 130.0}, {"a": 99.0, "b": 100.0}]
+    assert bulk_modes.by_key(rounds, ["a", "b"]) == {"a": [110.0, 120.0, 130.0, 99.0], "b": [100.0] * 3}
+    line = bulk_modes.paired_ratios(rounds, ["a", "b"])
+    assert line.startswith("Paired") and "a/b 1.100 [" in line
+    assert bulk_modes.paired_ratios([{"a": 1.0}], ["a", "b"]) == ""
+
+
 @pytest.mark.parametrize("loop_name", ["floor", "asyncio", "zuvrs"])
 def test_bulk_modes_pinned_sample_on_another_congestion_control(loop_name: str) -> None:
     """--congestion-control: the pinned sample's sockets (the floor's too)
