@@ -114,16 +114,16 @@ pub(crate) mod transport {
         }
 
         /// Takes a `bytes` back for filling, if nobody else references it
-        /// and it is an exact `bytes` of `len` bytes (None drops it).
-        pub(crate) fn reclaim(bytes: Bound<'_, PyBytes>, len: usize) -> Option<FillBytes> {
+        /// and it is an exact `bytes` of `len` bytes (Err gives it back).
+        pub(crate) fn reclaim(bytes: Bound<'_, PyBytes>, len: usize) -> Result<FillBytes, Bound<'_, PyBytes>> {
             let p = bytes.as_ptr();
             // SAFETY: reading the refcount of a live object.
             if unsafe { ffi::Py_REFCNT(p) } != 1 || bytes_data(bytes.as_unbound()).len() != len {
-                return None;
+                return Err(bytes);
             }
             // SAFETY: reading the type of a live object.
             if unsafe { ffi::PyBytes_CheckExact(p) } == 0 {
-                return None;
+                return Err(bytes);
             }
             // SAFETY: the only reference is ours, so the object can be
             // rewritten; its cached hash (if anyone hashed it) must go with
@@ -132,7 +132,7 @@ pub(crate) mod transport {
             unsafe {
                 (*(p as *mut ffi::PyBytesObject)).ob_shash = -1;
             }
-            Some(FillBytes(bytes.unbind()))
+            Ok(FillBytes(bytes.unbind()))
         }
     }
 

@@ -428,6 +428,96 @@ class TcpPair:
             await asyncio.sleep(0)
 
 
+class ChunkKeeper(asyncio.Protocol):
+    """Keeps the `bytes` objects data_received gets (those `keep(i)` picks,
+    by index), with a copy and the hash of each made on arrival; answers
+    b"k" once `size` more bytes have come (see check_kept_chunks)."""
+
+    def __init__(self, keep):
+        self.size = 1 << 60
+        self.keep = keep
+        self.kept = []
+        self.copies = []
+        self.stale_hashes = 0
+        self.count = 0
+        self.pending = 0
+        self.transport = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        assert type(data) is bytes
+        copy = bytes(bytearray(data))
+        # A hash of the contents, not one cached for an earlier read's.
+        if hash(data) != hash(copy):
+            self.stale_hashes += 1
+        self.copies.append(copy)
+        if self.keep(self.count):
+            self.kept.append((data, copy))
+        self.count += 1
+        self.pending += len(data)
+        while self.pending >= self.size:
+            self.pending -= self.size
+            self.transport.write(b"k")
+
+
+#: Which of a ChunkKeeper's `bytes` it keeps.
+KEEP_PICKS = {"all": lambda i: True, "some": lambda i: i % 3 == 1, "none": lambda i: False}
+
+
+async def send_answered(server, client, sizes):
+    """Writes a message of each size from `server` (a RecordingProtocol) to
+    `client` (a ChunkKeeper), each once the previous one was answered:
+    most reads are then shorter than a read buffer, but large. Returns the
+    messages."""
+    messages = [payload(n, seed=i) for i, n in enumerate(sizes)]
+    for message in messages:
+        client.size = len(message)
+        before = server.nbytes
+        server.transport.write(message)
+        await server.received(before + 1)
+    return messages
+
+
+async def check_kept_chunks(server, client, keep):
+    """What a protocol keeps of data_received's `bytes` keeps its contents
+    while later reads arrive, and each `bytes` hashes as its contents."""
+    sizes = [70 * 1024, 130 * 1024, 250 * 1024, 90 * 1024, 200 * 1024, 70 * 1024] * 3
+    messages = await send_answered(server, client, sizes)
+    assert b"".join(client.copies) == b"".join(messages)
+    assert client.stale_hashes == 0
+    for data, copy in client.kept:
+        assert data == copy and len(data) == len(copy)
+    assert len(client.kept) == sum(1 for i in range(client.count) if keep(i))
+
+
+async def check_kept_chunks_memory(server, client):
+    """A protocol that keeps every `bytes` it gets: each holds memory about
+    its size (at most one per connection a whole read buffer), however
+    long the reads were."""
+    usable = malloc_usable_size()
+    await send_answered(server, client, [70 * 1024, 100 * 1024, 180 * 1024, 250 * 1024] * 4)
+    # (Objects above 512 bytes are blocks of malloc's own; a read buffer
+    # is 256 KiB, in whole pages when mmap made it.)
+    held = [(usable(id(data)), len(data)) for data, _ in client.kept if len(data) > 4 * 1024]
+    assert held and all(m <= 264 * 1024 for m, _ in held), held
+    assert sum(1 for m, n in held if m > 1.5 * n) <= 1, held
+
+
+def malloc_usable_size():
+    """glibc's malloc_usable_size, or None."""
+    import ctypes
+
+    try:
+        f = ctypes.CDLL(None).malloc_usable_size
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_void_p]
+    f.restype = ctypes.c_size_t
+    return f
+
+
 def numbered_chunks(block, count):
     """``count`` chunks like ``block``, each starting with its 8-byte index
     (so lost, repeated or reordered chunks change any checksum)."""

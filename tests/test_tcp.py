@@ -21,15 +21,20 @@ from asyncio import trsock
 
 import pytest
 from _support import (
+    KEEP_PICKS,
     PY312,
     PY313,
     TIMEOUT,
+    ChunkKeeper,
     RecordingProtocol,
     TcpPair,
+    check_kept_chunks,
+    check_kept_chunks_memory,
     collect_exceptions,
     fd_count,
     ipv6_loopback_works,
     last_json_line,
+    malloc_usable_size,
     numbered_chunks,
     payload,
     run,
@@ -600,106 +605,28 @@ def test_set_protocol_switches_delivery(loop):
     run(loop, main())
 
 
-class _ChunkKeeper(asyncio.Protocol):
-    """Keeps the `bytes` objects data_received gets (those `keep(i)` picks,
-    by index), with a copy and the hash of each made on arrival; answers
-    b"k" once `size` more bytes have come."""
-
-    def __init__(self, size, keep):
-        self.size = size
-        self.keep = keep
-        self.kept = []
-        self.copies = []
-        self.stale_hashes = 0
-        self.count = 0
-        self.pending = 0
-        self.transport = None
-
-    def connection_made(self, transport):
-        self.transport = transport
-
-    def data_received(self, data):
-        assert type(data) is bytes
-        copy = bytes(bytearray(data))
-        # A hash of the contents, not one cached for an earlier read's.
-        if hash(data) != hash(copy):
-            self.stale_hashes += 1
-        self.copies.append(copy)
-        if self.keep(self.count):
-            self.kept.append((data, copy))
-        self.count += 1
-        self.pending += len(data)
-        while self.pending >= self.size:
-            self.pending -= self.size
-            self.transport.write(b"k")
-
-
 @pytest.mark.parametrize("keep", ["all", "some", "none"])
 def test_data_received_bytes_stay_what_they_were(loop, keep):
     # Messages of 70-250 KiB, each sent once the previous one was answered,
-    # so most reads are shorter than a read buffer but large. Whatever the
-    # protocol keeps must keep its contents while later reads arrive, and
-    # each `bytes` must hash as its contents.
-    sizes = [70 * KiB, 130 * KiB, 250 * KiB, 90 * KiB, 200 * KiB, 70 * KiB]
-    picks = {"all": lambda i: True, "some": lambda i: i % 3 == 1, "none": lambda i: False}[keep]
-
+    # so most reads are shorter than a read buffer but large.
     async def main():
-        messages = [payload(n, seed=i) for i, n in enumerate(sizes * 3)]
-        pair = await TcpPair.open(client_factory=lambda: _ChunkKeeper(1 << 60, picks))
-        client = pair.client
+        pair = await TcpPair.open(client_factory=lambda: ChunkKeeper(KEEP_PICKS[keep]))
         try:
-            for message in messages:
-                client.size = len(message)
-                before = pair.server.nbytes
-                pair.server.transport.write(message)
-                await pair.server.received(before + 1)
-            assert b"".join(client.copies) == b"".join(messages)
-            assert client.stale_hashes == 0
-            for data, copy in client.kept:
-                assert data == copy and len(data) == len(copy)
-            assert len(client.kept) == sum(1 for i in range(client.count) if picks(i))
+            await check_kept_chunks(pair.server, pair.client, KEEP_PICKS[keep])
         finally:
             await pair.aclose()
 
     run(loop, main())
 
 
-def _malloc_usable_size():
-    """glibc's malloc_usable_size, or None."""
-    import ctypes
-
-    try:
-        f = ctypes.CDLL(None).malloc_usable_size
-    except (OSError, AttributeError):
-        return None
-    f.argtypes = [ctypes.c_void_p]
-    f.restype = ctypes.c_size_t
-    return f
-
-
 def test_kept_data_costs_about_its_size(loop):
-    # A protocol that keeps every `bytes` it gets: each holds memory about
-    # its size (at most one per connection may hold a whole read buffer),
-    # however long the reads were.
-    usable = _malloc_usable_size()
-    if usable is None:
+    if malloc_usable_size() is None:
         pytest.skip("needs glibc's malloc_usable_size")
-    sizes = [70 * KiB, 100 * KiB, 180 * KiB, 250 * KiB] * 4
 
     async def main():
-        pair = await TcpPair.open(client_factory=lambda: _ChunkKeeper(1 << 60, lambda i: True))
-        client = pair.client
+        pair = await TcpPair.open(client_factory=lambda: ChunkKeeper(KEEP_PICKS["all"]))
         try:
-            for i, n in enumerate(sizes):
-                client.size = n
-                before = pair.server.nbytes
-                pair.server.transport.write(payload(n, seed=i))
-                await pair.server.received(before + 1)
-            # (Objects above 512 bytes are blocks of malloc's own; a read
-            # buffer is 256 KiB, in whole pages when mmap made it.)
-            held = [(usable(id(data)), len(data)) for data, _ in client.kept if len(data) > 4 * KiB]
-            assert held and all(m <= 264 * KiB for m, _ in held), held
-            assert sum(1 for m, n in held if m > 1.5 * n) <= 1, held
+            await check_kept_chunks_memory(pair.server, pair.client)
         finally:
             await pair.aclose()
 

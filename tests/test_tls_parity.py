@@ -16,7 +16,18 @@ import ssl
 import sys
 
 import pytest
-from _support import TIMEOUT, RecordingProtocol, payload, run, wait_until
+from _support import (
+    KEEP_PICKS,
+    TIMEOUT,
+    ChunkKeeper,
+    RecordingProtocol,
+    check_kept_chunks,
+    check_kept_chunks_memory,
+    malloc_usable_size,
+    payload,
+    run,
+    wait_until,
+)
 from _tls_support import (
     SSLPROTO_311,
     TLS12,
@@ -188,6 +199,39 @@ def test_echo_large_with_protocol_kinds(loop, pki, app):
         await pair.aclose()
 
     run(loop, main(), 40)
+
+
+@pytest.mark.parametrize("keep", ["all", "some", "none"])
+def test_data_received_bytes_stay_what_they_were(loop, pki, keep):
+    """What a protocol keeps of the decrypted `bytes` keeps its contents
+    while later records arrive (messages of 70-250 KiB, each sent once the
+    previous one was answered)."""
+
+    async def main():
+        pair = await TlsPair.open(server_context(pki), client_context(pki),
+                                  client_factory=lambda: ChunkKeeper(KEEP_PICKS[keep]))
+        assert_tls_path(loop, pair.client_transport)
+        try:
+            await check_kept_chunks(pair.server, pair.client, KEEP_PICKS[keep])
+        finally:
+            await pair.aclose()
+
+    run(loop, main(), 20)
+
+
+def test_kept_data_costs_about_its_size(loop, pki):
+    if malloc_usable_size() is None:
+        pytest.skip("needs glibc's malloc_usable_size")
+
+    async def main():
+        pair = await TlsPair.open(server_context(pki), client_context(pki),
+                                  client_factory=lambda: ChunkKeeper(KEEP_PICKS["all"]))
+        try:
+            await check_kept_chunks_memory(pair.server, pair.client)
+        finally:
+            await pair.aclose()
+
+    run(loop, main(), 20)
 
 
 def test_streams_api(loop, pki):

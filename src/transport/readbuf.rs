@@ -116,6 +116,27 @@ pub(crate) fn deliver(py: Python<'_>, n: usize, copy_short: bool) -> Option<Deli
     with_read_buffer(|slot| slot.take()).map(|b| Delivered::Lent(b.cut(py, n)))
 }
 
+/// What a read put in `buffer` (the read buffer, taken out whole with
+/// `take_whole`, its first `n` bytes filled), for a protocol, handed out as
+/// `deliver` does; a buffer not handed out goes back.
+pub(crate) fn deliver_taken<'py>(
+    py: Python<'py>,
+    buffer: Bound<'py, PyBytes>,
+    n: usize,
+    copy_short: bool,
+) -> Delivered<'py> {
+    if n < READ_SIZE && (copy_short || n < LEND_MIN) {
+        let data = PyBytes::new(py, &buffer.as_bytes()[..n]);
+        give_back(buffer);
+        return Delivered::Copied(data);
+    }
+    match FillBytes::reclaim(buffer, READ_SIZE) {
+        Ok(filled) => Delivered::Lent(filled.cut(py, n)),
+        // (Not the read buffer alone: handed out as it is, a copy.)
+        Err(other) => Delivered::Copied(PyBytes::new(py, &other.as_bytes()[..n])),
+    }
+}
+
 /// The buffer itself, whole, as a `bytes` of its own (None when there is
 /// none).
 pub(crate) fn take_whole(py: Python<'_>) -> Option<Bound<'_, PyBytes>> {
@@ -125,7 +146,7 @@ pub(crate) fn take_whole(py: Python<'_>) -> Option<Bound<'_, PyBytes>> {
 /// Takes back a full read's `bytes` once the protocol is done with it, if
 /// nobody else holds it.
 pub(crate) fn give_back(bytes: Bound<'_, PyBytes>) {
-    let Some(buffer) = FillBytes::reclaim(bytes, READ_SIZE) else { return };
+    let Ok(buffer) = FillBytes::reclaim(bytes, READ_SIZE) else { return };
     let unused = with_read_buffer(|slot| if slot.is_none() { slot.replace(buffer) } else { Some(buffer) });
     drop(unused);
 }

@@ -40,7 +40,7 @@ use crate::eventloop::ClientPtr;
 use crate::python;
 use crate::tls::{self, Decrypted, Handshake, Opened, Shutdown, TlsSession, UniqueBytes, WritableBuffer, Write};
 use crate::transport::base::{Transport, LOG_THRESHOLD_FOR_CONNLOST_WRITES};
-use crate::transport::readbuf;
+use crate::transport::readbuf::{self, Delivered};
 use crate::uv::sys;
 
 /// asyncio's water marks for TLS: writes (FLOW_CONTROL_HIGH_WATER_SSL_WRITE)
@@ -406,8 +406,9 @@ impl StreamCore {
     /// Decrypts everything available and hands it to `data_received` in
     /// one call; true if the peer's close_notify arrived. Records are
     /// decrypted one after another into the read buffer, so a socket read's
-    /// worth (the usual case) reaches the protocol with one copy, or none
-    /// when it fills the buffer; more than a buffer's worth is joined.
+    /// worth (the usual case) reaches the protocol in the buffer itself
+    /// when it holds at least a quarter of it (readbuf.rs), else with one
+    /// copy; more than a buffer's worth is joined.
     fn tls_read_copied(&self, py: Python<'_>) -> PyResult<bool> {
         // The read buffer, taken out for its bytes to be written (this is
         // its only reference, as between reads); None when out of memory.
@@ -460,7 +461,8 @@ impl StreamCore {
     /// `data_received` (or the protocol's sink) with what was read: the
     /// `last` bytes at the start of the read buffer `plain`, after those
     /// `joined` before them. The read buffer goes back before any Python
-    /// code runs, unless it is handed to the protocol whole.
+    /// code runs, unless it is handed to the protocol
+    /// (`readbuf::deliver_taken`).
     fn tls_deliver(&self, py: Python<'_>, mut plain: UniqueBytes, last: usize, mut joined: Vec<u8>) -> PyResult<()> {
         if last == 0 && joined.is_empty() {
             readbuf::give_back(plain.into_bytes(py));
@@ -477,20 +479,18 @@ impl StreamCore {
             readbuf::give_back(plain.into_bytes(py));
             return Ok(());
         };
-        let data = if joined.is_empty() && last == plain.len() {
-            plain.into_bytes(py)
+        let data = if joined.is_empty() {
+            let copy_short = self.state.with(py, |st| st.copy_short_reads);
+            readbuf::deliver_taken(py, plain.into_bytes(py), last, copy_short)
         } else {
-            let data = if joined.is_empty() {
-                PyBytes::new(py, &plain.as_mut_slice()[..last])
-            } else {
-                joined.extend_from_slice(&plain.as_mut_slice()[..last]);
-                PyBytes::new(py, &joined)
-            };
+            joined.extend_from_slice(&plain.as_mut_slice()[..last]);
             readbuf::give_back(plain.into_bytes(py));
-            data
+            Delivered::Copied(PyBytes::new(py, &joined))
         };
-        let result = python::call_method(protocol.bind(py), python::protocol::data_received(py), (&data,));
-        readbuf::give_back(data);
+        let result = python::call_method(protocol.bind(py), python::protocol::data_received(py), (data.bytes(),));
+        if data.give_back() {
+            self.state.with(py, |st| st.copy_short_reads = true);
+        }
         result.map(drop)
     }
 
