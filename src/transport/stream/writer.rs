@@ -7,7 +7,9 @@
 //! response written as header + body costs one system call, like one write.
 //! A large queue (over the high-water mark), a write while the loop is not
 //! running, and `abort()` try the socket at once, so flow control and "what
-//! the kernel took" match asyncio, where every write tries the socket.
+//! the kernel took" match asyncio, where every write tries the socket; such a
+//! write with nothing queued or in flight is offered to the kernel straight
+//! from the caller's bytes (`write_at_once`).
 //! Flow control calls `pause_writing` / `resume_writing` at the water marks.
 
 use std::collections::VecDeque;
