@@ -1432,6 +1432,20 @@ def test_start_tls_cancelled_during_handshake(loop, pki):
     run(loop, main())
 
 
+def test_start_tls_on_a_transport_closed_before_the_upgrade_returns_none(loop, pki):
+    # asyncio returns None (aiohttp checks for it: "Failed to start TLS").
+    async def main():
+        srv = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        t, client = await loop.create_connection(RecordingProtocol, "127.0.0.1", port)
+        t.close()
+        assert await loop.start_tls(t, client, client_context(pki), server_hostname="localhost") is None
+        srv.close()
+        await srv.wait_closed()
+
+    run(loop, main())
+
+
 # -- sendfile ----------------------------------------------------------------------------------
 
 

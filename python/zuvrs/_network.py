@@ -238,7 +238,10 @@ class NetworkMixin:
             tls = await super(NetworkMixin, self).start_tls(
                 transport, protocol, sslcontext, server_side=server_side, server_hostname=server_hostname, **timeouts
             )
-            tls._tls_path = f"sslproto: {why}"
+            # (None when the transport closed before the upgrade, as asyncio
+            # returns it.)
+            if tls is not None:
+                tls._tls_path = f"sslproto: {why}"
             return tls
 
         if not NATIVE_TLS:
