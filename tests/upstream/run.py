@@ -168,6 +168,7 @@ CI_SELECTION = {
         "tests/test_to_thread.py",
     ],
     "aiohttp": [
+        "tests/test_connector.py",
         "tests/test_web_functional.py",
         "tests/test_web_websocket_functional.py",
         "tests/test_client_ws_functional.py",
