@@ -16,7 +16,7 @@
 //! the read's in place (`FillBytes::cut`) and restored when it comes back.
 //! A protocol that keeps such a `bytes` keeps all the buffer's memory, at
 //! most READ_SIZE / LEND_MIN times what it holds: the transport then copies
-//! short reads for it from then on (`Delivered::kept_short`), so that costs
+//! short reads for it from then on (`Delivered::give_back`), so that costs
 //! one buffer per transport at most. Shorter reads are copied into an
 //! exactly sized `bytes`.
 
@@ -97,8 +97,7 @@ impl<'py> Delivered<'py> {
         let short = cut.is_short();
         match cut.reclaim() {
             Ok(buffer) => {
-                let unused = with_read_buffer(|slot| if slot.is_none() { slot.replace(buffer) } else { Some(buffer) });
-                drop(unused);
+                put_back(buffer);
                 false
             }
             Err(_kept) => short,
@@ -106,11 +105,23 @@ impl<'py> Delivered<'py> {
     }
 }
 
+/// Whether a read of `n` bytes is handed out in the buffer itself.
+#[inline]
+fn lends(n: usize, copy_short: bool) -> bool {
+    n == READ_SIZE || (n >= LEND_MIN && !copy_short)
+}
+
+/// The buffer back in the thread's slot (dropped if another took its place).
+fn put_back(buffer: FillBytes) {
+    let unused = with_read_buffer(|slot| if slot.is_none() { slot.replace(buffer) } else { Some(buffer) });
+    drop(unused);
+}
+
 /// What the last read (`n` bytes) put in the buffer, for a protocol: the
 /// buffer itself when the read filled it or, unless `copy_short`, when it
 /// holds at least LEND_MIN bytes; otherwise a copy.
 pub(crate) fn deliver(py: Python<'_>, n: usize, copy_short: bool) -> Option<Delivered<'_>> {
-    if n < READ_SIZE && (copy_short || n < LEND_MIN) {
+    if !lends(n, copy_short) {
         return with_read_buffer(|slot| slot.as_ref().map(|b| Delivered::Copied(PyBytes::new(py, &b.as_slice()[..n]))));
     }
     with_read_buffer(|slot| slot.take()).map(|b| Delivered::Lent(b.cut(py, n)))
@@ -125,7 +136,7 @@ pub(crate) fn deliver_taken<'py>(
     n: usize,
     copy_short: bool,
 ) -> Delivered<'py> {
-    if n < READ_SIZE && (copy_short || n < LEND_MIN) {
+    if !lends(n, copy_short) {
         let data = PyBytes::new(py, &buffer.as_bytes()[..n]);
         give_back(buffer);
         return Delivered::Copied(data);
@@ -146,7 +157,7 @@ pub(crate) fn take_whole(py: Python<'_>) -> Option<Bound<'_, PyBytes>> {
 /// Takes back a full read's `bytes` once the protocol is done with it, if
 /// nobody else holds it.
 pub(crate) fn give_back(bytes: Bound<'_, PyBytes>) {
-    let Ok(buffer) = FillBytes::reclaim(bytes, READ_SIZE) else { return };
-    let unused = with_read_buffer(|slot| if slot.is_none() { slot.replace(buffer) } else { Some(buffer) });
-    drop(unused);
+    if let Ok(buffer) = FillBytes::reclaim(bytes, READ_SIZE) {
+        put_back(buffer);
+    }
 }

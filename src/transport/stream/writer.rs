@@ -221,6 +221,8 @@ fn socket_writelines_counts(py: Python<'_>) -> bool {
 /// What `write()` decided with the state borrowed.
 enum WriteAction {
     Queue,
+    /// Offered to the kernel at once: see write_at_once.
+    AtOnce,
     /// Dropped (a lost connection): see drop_write.
     Drop,
 }
@@ -237,6 +239,7 @@ impl StreamCore {
             }
             Err(err) => return Err(err),
         };
+        let running = self.shared().is_running(py);
         let action = self.state.with(py, |st| -> PyResult<Option<WriteAction>> {
             if st.eof {
                 return Err(PyRuntimeError::new_err("Cannot call write() after write_eof()"));
@@ -251,49 +254,42 @@ impl StreamCore {
             if st.base.conn_lost > 0 || st.handle.is_none() || (pipe && st.base.closing) {
                 return Ok(Some(WriteAction::Drop));
             }
+            // What enqueue_all would flush at once (too large to hold for
+            // the turn, or no turn coming), with nothing queued or in flight.
+            let w = &st.writes;
+            if w.is_idle() && !w.flush_pending && (len > st.reader.socket_high_water(&st.base) || !running) {
+                return Ok(Some(WriteAction::AtOnce));
+            }
             Ok(Some(WriteAction::Queue))
         })?;
         match action {
             None => Ok(()),
             Some(WriteAction::Drop) => self.drop_write(py),
-            Some(WriteAction::Queue) => match self.write_at_once(py, chunk, len)? {
-                Some(chunk) => self.enqueue_raw(py, chunk, len),
-                None => Ok(()),
-            },
+            Some(WriteAction::Queue) => self.enqueue_raw(py, chunk, len),
+            Some(WriteAction::AtOnce) => self.write_at_once(py, chunk, len),
         }
     }
 
-    /// A write that `enqueue_all` would flush at once (too large to hold
-    /// for the turn, or no turn coming) while nothing is queued or in
-    /// flight: the kernel is offered the caller's bytes straight away, and
-    /// only what it leaves is queued. A bulk writer's every write then
-    /// costs its system call and little else. Gives the chunk back when it
-    /// is to be queued as usual.
-    fn write_at_once(&self, py: Python<'_>, chunk: Chunk, len: usize) -> PyResult<Option<Chunk>> {
-        let running = self.shared().is_running(py);
+    /// A write that `enqueue_all` would flush at once, with nothing queued
+    /// or in flight (write_data decides): the kernel is offered the
+    /// caller's bytes straight away, and only what it leaves is queued. A
+    /// bulk writer's every write then costs its system call and little else.
+    fn write_at_once(&self, py: Python<'_>, mut chunk: Chunk, len: usize) -> PyResult<()> {
         let io = &self.shared().stats.io;
-        let tried = self.state.with(py, |st| {
-            let high = st.reader.socket_high_water(&st.base);
-            if !st.writes.is_idle() || st.writes.flush_pending || (len <= high && running) {
-                return Err(chunk);
-            }
-            let Some(stream) = st.handle.as_ref() else { return Err(chunk) };
+        let n = self.state.with(py, |st| {
             st.base.stats.buffered(len);
-            let n = stream.try_write(&[chunk.io_buf(MAX_WRITE)]);
+            // (write_data saw the handle open; no code ran since.)
+            let n = st.handle.as_ref().map_or(0, |stream| stream.try_write(&[chunk.io_buf(MAX_WRITE)]));
             st.base.stats.wrote(io, 1, n.max(0) as usize);
-            Ok((n, chunk))
+            n
         });
-        let (n, mut chunk) = match tried {
-            Ok(tried) => tried,
-            Err(chunk) => return Ok(Some(chunk)),
-        };
         if n < 0 && n != sys::uv_errno_t_UV_EAGAIN {
             drop(chunk);
-            return self.write_failed(py, n).map(|()| None);
+            return self.write_failed(py, n);
         }
         let taken = n.max(0) as usize;
         if taken == len {
-            return Ok(None);
+            return Ok(());
         }
         chunk.advance(taken);
         self.state.with(py, |st| {
@@ -301,7 +297,7 @@ impl StreamCore {
             st.writes.queued_bytes += len - taken;
         });
         self.submit(py)?;
-        self.queue_grew(py).map(|()| None)
+        self.queue_grew(py)
     }
 
     /// A write dropped, as asyncio drops writes to a lost connection (and,
