@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import socket
@@ -63,6 +64,7 @@ sys.path.insert(0, HERE)
 
 import compare  # noqa: E402
 import floors  # noqa: E402
+import kernel_view  # noqa: E402
 import workloads  # noqa: E402
 
 #: A sample faster than this multiple of the loop's lowest sample is a
@@ -237,11 +239,13 @@ def cross_process_sample(loop_name: str, chunk: int, lowat: int) -> float:
         os.sched_setaffinity(0, cores)
 
 
-def child_rates(runs: Dict[K, List[str]], samples: int, timeout: float) -> List[Dict[K, float]]:
+def child_rates(runs: Dict[K, List[str]], samples: int, timeout: float,
+                views: Dict[K, List[Dict[str, float]]] | None = None) -> List[Dict[K, float]]:
     """Runs each of `runs` (this script's arguments for one sample, which
-    prints its MiB/s last) `samples` times, interleaved (round_orders),
-    each in a fresh process as compare.py's samples are; per round, the
-    rate of each run that did not fail."""
+    prints its MiB/s last, alone or as a JSON object's ``mib_s``)
+    `samples` times, interleaved (round_orders), each in a fresh process
+    as compare.py's samples are; per round, the rate of each run that did
+    not fail. The rest of a JSON result goes to `views`, per run."""
     rounds: List[Dict[K, float]] = []
     for i, order in round_orders(list(runs), samples):
         rounds.append({})
@@ -251,7 +255,14 @@ def child_rates(runs: Dict[K, List[str]], samples: int, timeout: float) -> List[
             if out.returncode != 0:
                 print(f"{key} failed: {out.stderr.strip()[-300:]}", file=sys.stderr)
                 continue
-            rate = float(out.stdout.split()[-1])
+            last = out.stdout.strip().splitlines()[-1]
+            if last.startswith("{"):
+                result = json.loads(last)
+                rate = float(result.pop("mib_s"))
+                if views is not None:
+                    views.setdefault(key, []).append(result)
+            else:
+                rate = float(last)
             rounds[-1][key] = rate
             print(f"[{i + 1}/{samples}] {key}: {rate:8.0f} MiB/s", file=sys.stderr, flush=True)
     return rounds
@@ -299,16 +310,20 @@ class _PinnedReceiver(asyncio.Protocol):
             self.done.set_result(time.perf_counter())
 
 
-def pinned_sample(loop_name: str, rcvbuf: int, total: int = PINNED_TOTAL, cc: str = "") -> float:
+def pinned_sample(loop_name: str, rcvbuf: int, total: int = PINNED_TOTAL, cc: str = "") -> Dict[str, float]:
     """One pinned-buffer run of `total` bytes (whole MiB) in this process,
-    the writer on congestion control `cc` (else the machine's); MiB/s to
-    the last byte."""
+    the writer on congestion control `cc` (else the machine's): MiB/s to
+    the last byte (``mib_s``) and what the kernel did meanwhile
+    (kernel_view: its figures, and the writing socket's TCP_INFO times,
+    which the floor does not report)."""
     mib = total / workloads.MIB
     if loop_name == "floor":
-        return mib / floors.floor_bulk_flow("tcp_fill", total // workloads.MIB, rcvbuf=rcvbuf, cc=cc)
+        before = kernel_view.snapshot()
+        seconds = floors.floor_bulk_flow("tcp_fill", total // workloads.MIB, rcvbuf=rcvbuf, cc=cc)
+        return {"mib_s": mib / seconds, **kernel_view.since(before)}
     loop = workloads.get_loop_factory(loop_name)()
 
-    async def main() -> float:
+    async def main() -> Dict[str, float]:
         last = loop.create_future()
         closed = loop.create_future()
         # The sockets made here, to be on `cc` from the first segment.
@@ -319,14 +334,20 @@ def pinned_sample(loop_name: str, rcvbuf: int, total: int = PINNED_TOTAL, cc: st
                 floors.set_congestion_control(s, cc)
         address = listener.getsockname()
         server = await loop.create_server(lambda: _PinnedReceiver(rcvbuf, total, last), sock=listener)
-        t0 = time.perf_counter()
+        # The writer closes its transport after its last write, before the
+        # last byte arrives: TCP_INFO is read through a descriptor of our own.
+        watch = client.dup()
+        before = kernel_view.snapshot()
         client.connect(address)
         client.setblocking(False)
         tr, _ = await loop.create_connection(
             lambda: _Writer(workloads.FLOW_CHUNK, 0, closed, total), sock=client)
         try:
-            return mib / (await asyncio.wait_for(last, 120) - t0)
+            t1 = await asyncio.wait_for(last, 120)
+            view = kernel_view.since(before)
+            return {"mib_s": mib / (t1 - before.wall), **view, **kernel_view.tcp_chrono(watch)}
         finally:
+            watch.close()
             # (asyncio's transport, closed by the writer and drained, fails
             # an abort() once connection_lost has run.)
             if not tr.is_closing():
@@ -347,17 +368,37 @@ def congestion_control_line(cc: str = "") -> str:
     return f"TCP congestion control: {host}, this machine's default"
 
 
+#: The kernel's figures the pinned table shows (kernel_view), as headers.
+PINNED_VIEW = {"cpu_busy": "CPU busy", "hrtimer": "HRTIMER softirqs", "net_rx": "NET_RX softirqs",
+               "elsewhere": "softirqs on the other CPU", "migrations": "migrations",
+               "rwnd_limited_ms": "rwnd-limited ms", "steal_ms": "steal ms"}
+
+
+def view_cell(values: List[float], key: str) -> str:
+    """The median of one kernel figure over a loop's samples."""
+    if not values:
+        return ""
+    m = statistics.median(values)
+    if key in ("cpu_busy", "elsewhere"):
+        return f"{m:.0%}"
+    return f"{m:,.0f}"
+
+
 def pinned(loops: List[str], samples: int, rcvbuf_kib: int, cc: str = "") -> int:
     runs = {loop: ["--one-pinned", loop, "--pinned-rcvbuf-kib", str(rcvbuf_kib), "--congestion-control", cc]
             for loop in loops}
-    rounds = child_rates(runs, samples, 180)
+    views: Dict[str, List[Dict[str, float]]] = {}
+    rounds = child_rates(runs, samples, 180, views)
     print(f"SO_RCVBUF pinned at {rcvbuf_kib} KiB (the kernel doubles it)")
     print(congestion_control_line(cc))
-    print("| loop | MiB/s, median (min-max) |")
-    print("|---|---:|")
+    print("| loop | MiB/s, median (min-max) | " + " | ".join(PINNED_VIEW.values()) + " |")
+    print("|---|---:|" + "---:|" * len(PINNED_VIEW))
     for loop, r in by_key(rounds, loops).items():
         if r:
-            print(f"| {loop} | {spread(r)} |")
+            cells = [view_cell([v[k] for v in views.get(loop, []) if k in v], k) for k in PINNED_VIEW]
+            print(f"| {loop} | {spread(r)} | " + " | ".join(cells) + " |")
+    print("Kernel figures: medians per sample, read from /proc and the writer's TCP_INFO around the "
+          "transfer, no tracing (benchmarks/kernel_view.py).")
     print(paired_ratios(rounds, loops))
     return 0
 
@@ -379,7 +420,7 @@ def main(argv: List[str] | None = None) -> int:
         print(cross_process_sample(args.one_cross, args.chunk_kib * 1024, lowats[0] * 1024))
         return 0
     if args.one_pinned:
-        print(pinned_sample(args.one_pinned, args.pinned_rcvbuf_kib * 1024, cc=args.congestion_control))
+        print(json.dumps(pinned_sample(args.one_pinned, args.pinned_rcvbuf_kib * 1024, cc=args.congestion_control)))
         return 0
     loops = args.loops.split(",")
     if args.pinned_rcvbuf_kib:

@@ -1100,10 +1100,19 @@ def test_bulk_modes_cross_process_reader_gets_every_byte(loop_name: str) -> None
 def test_bulk_modes_pinned_sample_moves_every_byte(loop_name: str) -> None:
     """A pinned-buffer sample ends only when the receiver has counted all
     of its bytes (a loop that lost some would time out) and reports a
-    rate; ``floor`` is the same transfer with no loop."""
+    rate, with what the kernel did meanwhile; ``floor`` is the same
+    transfer with no loop (and no socket of the sample's to ask)."""
     import bulk_modes
 
-    assert bulk_modes.pinned_sample(loop_name, 256 * 1024, total=8 * 1024 * 1024) > 0
+    result = bulk_modes.pinned_sample(loop_name, 256 * 1024, total=8 * 1024 * 1024)
+    assert result["mib_s"] > 0
+    assert 0 < result["cpu_busy"] <= 1.5
+    # 8 MiB over loopback raise NET_RX on the sending CPU at least once.
+    assert result["net_rx"] > 0 and 0 <= result["elsewhere"] <= 1
+    if loop_name == "floor":
+        assert "busy_ms" not in result
+    else:
+        assert result["busy_ms"] >= result["rwnd_limited_ms"] >= 0
 
 
 def test_bulk_modes_rounds_alternate_and_pair() -> None:
@@ -1126,7 +1135,60 @@ def test_bulk_modes_pinned_sample_on_another_congestion_control(loop_name: str) 
     are made on it; reno is always there and allowed."""
     import bulk_modes
 
-    assert bulk_modes.pinned_sample(loop_name, 256 * 1024, total=8 * 1024 * 1024, cc="reno") > 0
+    assert bulk_modes.pinned_sample(loop_name, 256 * 1024, total=8 * 1024 * 1024, cc="reno")["mib_s"] > 0
+
+
+def test_kernel_view_counts_what_the_kernel_did() -> None:
+    """kernel_view.since() reports this process's CPU share, the softirqs
+    raised and where, and TCP_INFO's chrono times of a socket that sent:
+    a blocking loopback transfer keeps the process busy and raises NET_RX;
+    its writer was busy sending for some of it."""
+    import floors
+    import kernel_view
+
+    before = kernel_view.snapshot()
+    a, b = floors._tcp_pair(nodelay=True)
+    a.setblocking(True)
+    b.setblocking(True)
+    try:
+        chunk = bytes(64 * 1024)
+        got = 0
+        for _ in range(256):
+            a.sendall(chunk)
+            while got < len(chunk) * (_ + 1):
+                got += len(b.recv(1 << 20))
+        view = kernel_view.since(before)
+        chrono = kernel_view.tcp_chrono(a)
+    finally:
+        a.close()
+        b.close()
+    assert got == 256 * 64 * 1024
+    assert view["cpu_busy"] > 0.2
+    assert view["net_rx"] > 0 and view["hrtimer"] >= 0 and view["steal_ms"] >= 0
+    assert 0 <= view["elsewhere"] <= 1 and view["migrations"] >= 0
+    assert set(chrono) == {"busy_ms", "rwnd_limited_ms", "sndbuf_limited_ms"}
+    assert chrono["busy_ms"] >= chrono["rwnd_limited_ms"] >= 0
+
+
+def test_child_rates_takes_a_json_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample that prints a JSON object gives its ``mib_s`` as the rate
+    and the rest to the views; a bare number is the rate alone."""
+    import subprocess as sp
+
+    import bulk_modes
+
+    outputs = {"x": '{"mib_s": 2.5, "cpu_busy": 0.9}\n', "y": "noise\n7.0\n"}
+
+    def fake_run(cmd: list, **kw: object) -> sp.CompletedProcess:
+        return sp.CompletedProcess(cmd, 0, outputs[cmd[-1]], "")
+
+    monkeypatch.setattr(bulk_modes.subprocess, "run", fake_run)
+    views: dict = {}
+    rounds = bulk_modes.child_rates({"x": ["x"], "y": ["y"]}, 2, 5, views)
+    assert rounds == [{"x": 2.5, "y": 7.0}, {"x": 2.5, "y": 7.0}]
+    assert views == {"x": [{"cpu_busy": 0.9}, {"cpu_busy": 0.9}]}
+    assert bulk_modes.view_cell([0.9, 0.5, 0.7], "cpu_busy") == "70%"
+    assert bulk_modes.view_cell([1200.0], "net_rx") == "1,200" and bulk_modes.view_cell([], "x") == ""
 
 
 def test_floor_tcp_pair_on_a_congestion_control() -> None:
