@@ -12,12 +12,13 @@ import asyncio
 from asyncio import transports, trsock
 
 from .._zuvrs import DatagramCore
-from ._base import READ_SIZE, CoreMethod, NativeTransport, WriteFlowControl, socket_extra
+from ._base import READ_SIZE, CoreMethod, ExtraInfo, NativeTransport, WriteFlowControl, socket_extra
 
 __all__ = ("DatagramTransport",)
 
 
-class DatagramTransport(NativeTransport, WriteFlowControl, transports._FlowControlMixin, asyncio.DatagramTransport):
+class DatagramTransport(NativeTransport, WriteFlowControl, transports._FlowControlMixin, asyncio.DatagramTransport,
+                        ExtraInfo):
     """A UDP or Unix datagram transport over a DatagramCore."""
 
     max_size = READ_SIZE  # largest datagram read at once

@@ -13,7 +13,7 @@ from asyncio import transports
 from asyncio.log import logger
 
 from .. import _zuvrs
-from ._base import CoreMethod, NativeTransport, WriteFlowControl
+from ._base import CoreMethod, ExtraInfo, NativeTransport, WriteFlowControl
 
 __all__ = ("ReadPipeTransport", "WritePipeTransport")
 
@@ -51,7 +51,7 @@ class _PipeTransport(NativeTransport):
         core._close_handle()
 
 
-class ReadPipeTransport(_PipeTransport, transports.ReadTransport):
+class ReadPipeTransport(_PipeTransport, transports.ReadTransport, ExtraInfo):
     pause_reading = CoreMethod("pause_reading")
     resume_reading = CoreMethod("resume_reading")
     is_reading = CoreMethod("is_reading")
@@ -71,7 +71,8 @@ class ReadPipeTransport(_PipeTransport, transports.ReadTransport):
         return isinstance(exc, OSError) and exc.errno == errno.EIO
 
 
-class WritePipeTransport(_PipeTransport, WriteFlowControl, transports._FlowControlMixin, transports.WriteTransport):
+class WritePipeTransport(_PipeTransport, WriteFlowControl, transports._FlowControlMixin, transports.WriteTransport,
+                         ExtraInfo):
     write = CoreMethod("write")
     writelines = CoreMethod("writelines")
     abort = CoreMethod("abort")

@@ -15,7 +15,7 @@ from asyncio import constants, protocols, transports, trsock
 
 from .. import _zuvrs
 from .._server import NATIVE_CLIENT_TRACKING, Server
-from ._base import CoreMethod, NativeTransport, WriteFlowControl, socket_extra
+from ._base import CoreMethod, ExtraInfo, NativeTransport, WriteFlowControl, socket_extra
 
 __all__ = ("SocketTransport",)
 
@@ -104,7 +104,23 @@ def _native_extra(pending):
 _ASKED_BEFORE_MADE = frozenset(("socket", "sockname", "peername", "zuvrs_stats"))
 
 
-class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControlMixin):
+def _default_of(default=None):
+    """get_extra_info's default, from its arguments after the name."""
+    return default
+
+
+class _SocketExtraInfo(ExtraInfo):
+    """ExtraInfo that answers a name the transport's extra info never holds
+    without making the dict (asyncio's streams ask every connection for
+    'sslcontext')."""
+
+    def get_extra_info(self, name, *default, **kw_default):
+        if self._extra_dict is None and name not in _ASKED_BEFORE_MADE:
+            return _default_of(*default, **kw_default)
+        return super().get_extra_info(name, *default, **kw_default)
+
+
+class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControlMixin, _SocketExtraInfo):
     """A TCP or Unix stream socket transport over a StreamCore."""
 
     _sendfile_compatible = constants._SendfileMode.TRY_NATIVE
@@ -134,11 +150,6 @@ class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControl
     def _extra(self, extra):
         self._extra_dict = extra
         self._pending_extra = None
-
-    def get_extra_info(self, name, default=None):
-        if self._extra_dict is None and name not in _ASKED_BEFORE_MADE:
-            return default
-        return super().get_extra_info(name, default)
 
     def _make_extra(self):
         """The extra info of a connection zuvrs set up natively."""
