@@ -105,18 +105,20 @@ def test_patched_get_extra_info_reaches_the_transport(loop_factory: LoopFactory,
         loop.close()
 
 
-def test_patched_get_extra_info_on_a_fresh_native_connection(loop_factory: LoopFactory) -> None:
+@pytest.mark.parametrize("base", ["Transport", "BaseTransport"])
+def test_patched_get_extra_info_on_a_fresh_native_connection(loop_factory: LoopFactory, base: str) -> None:
     """websockets' case: a connection whose extra info nobody asked for yet
     (zuvrs has not made it) answers from a patched ``asyncio.Transport``
-    too, then from its own once the patch is gone."""
+    (or BaseTransport) too, then from its own once the patch is gone."""
 
     async def main() -> None:
         closers: list = []
         try:
             transport = await _transport_of("tcp", closers)
-            with mock.patch("asyncio.Transport.get_extra_info") as patched:
+            with mock.patch(f"asyncio.{base}.get_extra_info") as patched:
                 patched.return_value = MADE_UP
                 assert transport.get_extra_info("sockname") == MADE_UP
+                assert transport.get_extra_info("sslcontext") == MADE_UP
                 assert transport.get_extra_info("socket") == MADE_UP
             assert transport.get_extra_info("peername")[0] == "127.0.0.1"
             assert transport.get_extra_info("sslcontext") is None

@@ -23,6 +23,7 @@ _open_core = _zuvrs.StreamCore.open
 _open_connected = _zuvrs.StreamCore.open_connected
 _tcp_names = _zuvrs.tcp_names
 _BufferedProtocol = protocols.BufferedProtocol
+_asyncio_get_extra_info = transports.BaseTransport.get_extra_info
 
 
 def _attach_to(server, transport):
@@ -104,20 +105,21 @@ def _native_extra(pending):
 _ASKED_BEFORE_MADE = frozenset(("socket", "sockname", "peername", "zuvrs_stats"))
 
 
-def _default_of(default=None):
-    """get_extra_info's default, from its arguments after the name."""
-    return default
-
-
 class _SocketExtraInfo(ExtraInfo):
     """ExtraInfo that answers a name the transport's extra info never holds
     without making the dict (asyncio's streams ask every connection for
     'sslcontext')."""
 
-    def get_extra_info(self, name, *default, **kw_default):
-        if self._extra_dict is None and name not in _ASKED_BEFORE_MADE:
-            return _default_of(*default, **kw_default)
-        return super().get_extra_info(name, *default, **kw_default)
+    def get_extra_info(self, name, default=None):
+        if transports.BaseTransport.get_extra_info is _asyncio_get_extra_info and name != "zuvrs_stats":
+            # ExtraInfo's answer, without its call (connections ask often).
+            extra = self._extra_dict
+            if extra is None:
+                if name not in _ASKED_BEFORE_MADE:
+                    return default
+                extra = self._extra
+            return extra.get(name, default)
+        return ExtraInfo.get_extra_info(self, name, default)
 
 
 class SocketTransport(NativeTransport, WriteFlowControl, transports._FlowControlMixin, _SocketExtraInfo):
