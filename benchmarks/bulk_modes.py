@@ -37,7 +37,10 @@ sample, loops interleaved; rate up to the last byte.
 control (``cubic``, ``bbr``, ...; TCP_CONGESTION, no privilege needed)
 instead of the machine's default, which every table names: on loopback the
 choice moves all loops' bulk rates by more than a factor of two
-(docs/performance.md, "Bulk and the congestion control").
+(docs/performance.md, "Bulk and the congestion control"). Each pinned
+sample also reports what the kernel did meanwhile (kernel_view.py: the
+process's CPU share, softirqs and on which CPU, migrations, steal time,
+the writer's receive-window-limited time), as medians in the table.
 
 Every mode interleaves its samples in rounds, reversing the order on
 alternate rounds, and ends with the first loop's rate over each other's,
