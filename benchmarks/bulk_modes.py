@@ -54,7 +54,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import socket
 import statistics
 import subprocess
@@ -68,6 +67,7 @@ sys.path.insert(0, HERE)
 import compare  # noqa: E402
 import floors  # noqa: E402
 import kernel_view  # noqa: E402
+import pairing  # noqa: E402
 import workloads  # noqa: E402
 
 #: A sample faster than this multiple of the loop's lowest sample is a
@@ -127,15 +127,9 @@ def paired_ratios(rounds: List[Dict[K, float]], keys: List[K]) -> str:
     """The first key's rate over each other's, as the median of the ratios
     within a round, with a 95% bootstrap interval (rounds where both
     worked)."""
-    rng = random.Random(0)
-    parts = []
-    for other in keys[1:]:
-        ratios = [r[keys[0]] / r[other] for r in rounds if keys[0] in r and other in r]
-        if len(ratios) < 2:
-            continue
-        boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
-        parts.append(f"{keys[0]}/{other} {statistics.median(ratios):.3f} "
-                     f"[{boot[len(boot) // 40]:.3f}-{boot[-1 - len(boot) // 40]:.3f}]")
+    first = pairing.rounds_figures(rounds, keys[0])
+    parts = [f"{keys[0]}/{other} {pairing.fmt_paired(p)}" for other in keys[1:]
+             if (p := pairing.paired_ratio(first, pairing.rounds_figures(rounds, other)))]
     return ("Paired, median of the ratios within a round [95% bootstrap]: " + ", ".join(parts)) if parts else ""
 
 

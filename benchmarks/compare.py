@@ -239,6 +239,7 @@ REPO = os.path.dirname(HERE)
 SAMPLE = os.path.join(HERE, "_sample.py")
 sys.path.insert(0, HERE)
 
+import pairing  # noqa: E402
 import workloads  # noqa: E402
 from _sample import MARKER  # noqa: E402
 
@@ -716,6 +717,31 @@ def peer_info(wr: Dict[str, Any]) -> str:
     return ""
 
 
+def round_figures(samples: List[Dict[str, Any]]) -> List[Optional[float]]:
+    """A cell's figure per round (its samples are in round order), None
+    where the sample failed."""
+    return [sample_figure(s) if s.get("ok") else None for s in samples]
+
+
+def paired_table(res: Dict[str, Any], others: List[str], unavailable: Dict[str, str]) -> List[str]:
+    """Each loop over uvloop, paired within rounds (pairing.py)."""
+    L = ["## Paired ratio over uvloop", "",
+         "Each cell: the median of the ratios of the two loops' samples within a round, and its 95% "
+         "bootstrap interval. The machine's drift moves both samples of a round together, so this "
+         "interval is the one to read a difference of a few per cent from.", "",
+         "| workload | " + " | ".join(others) + " |",
+         "|---|" + "|".join(["---:"] * len(others)) + "|"]
+    for w, wr in res.items():
+        base = round_figures(wr["samples"].get("uvloop", []))
+        cells = [w + (" (lower is better)" if workloads.VALUE_WORKLOADS.get(w, ("", False))[1] else "")]
+        for l in others:
+            p = None if l in unavailable else pairing.paired_ratio(round_figures(wr["samples"].get(l, [])), base)
+            cells.append(pairing.fmt_paired(p, 2) or "n/a")
+        L.append("| " + " | ".join(cells) + " |")
+    L.append("")
+    return L
+
+
 def render_markdown(report: Dict[str, Any]) -> str:
     loops: List[str] = report["loops"]
     unavailable: Dict[str, str] = report["unavailable"]
@@ -833,6 +859,7 @@ def render_markdown(report: Dict[str, Any]) -> str:
                     cells.append(r + (f" [{spread}]" if spread else ""))
             L.append("| " + " | ".join(cells) + " |")
         L.append("")
+        L.extend(paired_table(res, others, unavailable))
 
     # ---- split / single ----
     one, two = workloads.SPLIT_PAIR

@@ -1016,6 +1016,41 @@ def test_compare_reports_new_loops_and_values(tmp_path) -> None:
         assert " [" in md.split("## Ratio over uvloop")[1].split("##")[0]
 
 
+def test_paired_ratio_pairs_within_rounds() -> None:
+    """pairing.py: the median of per-round ratios, over the rounds where
+    both loops have a figure, with a seeded bootstrap interval around it;
+    fewer than two pairs give nothing."""
+    import pairing
+
+    a = [110.0, 240.0, None, 99.0, 55.0]
+    b = [100.0, 200.0, 300.0, 100.0, None]
+    m, lo, hi = pairing.paired_ratio(a, b)
+    assert m == pytest.approx(1.10)  # the median of 1.10, 1.20 and 0.99
+    assert 0.99 <= lo <= m <= hi <= 1.20
+    assert pairing.paired_ratio(a, b) == (m, lo, hi)
+    assert pairing.paired_ratio([1.0, None], [1.0, 2.0]) is None
+    assert pairing.fmt_paired((1.0, 0.95, 1.1), 2) == "1.00 [0.95-1.10]" and pairing.fmt_paired(None) == ""
+
+
+def test_compare_paired_table_reads_rounds_in_order() -> None:
+    """compare.py's paired table: each loop's i-th sample is round i's; a
+    failed sample drops only its round; a loop with too few pairs says
+    n/a."""
+    import compare
+
+    def ok(ops: float) -> dict:
+        return {"ok": True, "ops": ops, "elapsed": 1.0}
+
+    res = {"tcp_echo_streams": {"samples": {
+        "uvloop": [ok(100), ok(200), ok(100)],
+        "zuvrs": [ok(150), ok(300), {"ok": False}],
+        "asyncio": [ok(50), {"ok": False}, {"ok": False}],
+    }}}
+    lines = compare.paired_table(res, ["asyncio", "zuvrs", "rsloop"], {"rsloop": "not installed"})
+    row = next(line for line in lines if line.startswith("| tcp_echo_streams"))
+    assert row == "| tcp_echo_streams | n/a | 1.50 [1.50-1.50] | n/a |"
+
+
 def test_cpu_cost_subtracts_the_base(capsys) -> None:
     """cpu_cost.py's cost per operation is the median CPU at the size minus
     the median at the base size, over the extra operations; a failed sample
