@@ -717,6 +717,11 @@ def peer_info(wr: Dict[str, Any]) -> str:
     return ""
 
 
+def ratio_row_label(w: str) -> str:
+    """A workload's name in a ratio table, marked when lower is better."""
+    return w + (" (lower is better)" if workloads.VALUE_WORKLOADS.get(w, ("", False))[1] else "")
+
+
 def round_figures(samples: List[Dict[str, Any]]) -> List[Optional[float]]:
     """A cell's figure per round (its samples are in round order), None
     where the sample failed."""
@@ -733,7 +738,7 @@ def paired_table(res: Dict[str, Any], others: List[str], unavailable: Dict[str, 
          "|---|" + "|".join(["---:"] * len(others)) + "|"]
     for w, wr in res.items():
         base = round_figures(wr["samples"].get("uvloop", []))
-        cells = [w + (" (lower is better)" if workloads.VALUE_WORKLOADS.get(w, ("", False))[1] else "")]
+        cells = [ratio_row_label(w)]
         for l in others:
             p = None if l in unavailable else pairing.paired_ratio(round_figures(wr["samples"].get(l, [])), base)
             cells.append(pairing.fmt_paired(p, 2) or "n/a")
@@ -847,8 +852,7 @@ def render_markdown(report: Dict[str, Any]) -> str:
         L.append("| workload | " + " | ".join(others) + " |")
         L.append("|---|" + "|".join(["---:"] * len(others)) + "|")
         for w, wr in res.items():
-            cells = [w + (" (lower is better)" if workloads.VALUE_WORKLOADS.get(w, ("", False))[1]
-                          else "")]
+            cells = [ratio_row_label(w)]
             for l in others:
                 if l in unavailable:
                     cells.append("not installed")

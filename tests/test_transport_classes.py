@@ -72,27 +72,14 @@ async def _transport_of(kind: str, closers: list) -> asyncio.BaseTransport:
     return transport
 
 
-@pytest.mark.parametrize("kind,base", CASES)
-def test_patched_get_extra_info_reaches_the_transport(loop_factory: LoopFactory, kind: str, base: str) -> None:
-    """``patch("asyncio.<Base>.get_extra_info")`` answers every name a
-    transport is asked for while the patch holds, the names a transport
-    has (``peername``) and those it has not (``sslcontext``) alike; the
-    transport's own answers come back once the patch is gone."""
+def _check_transport(loop_factory: LoopFactory, kind: str, check) -> None:
+    """Runs `check(transport)` on a transport of `kind` on a new loop of
+    the kind under test, then closes everything."""
 
     async def main() -> None:
         closers: list = []
         try:
-            transport = await _transport_of(kind, closers)
-            # Asked before the patch, so both loops have made their extra
-            # info (zuvrs makes a native connection's on first ask).
-            before = transport.get_extra_info("sockname")
-            with mock.patch(f"asyncio.{base}.get_extra_info") as patched:
-                patched.return_value = MADE_UP
-                assert transport.get_extra_info("peername") == MADE_UP
-                assert transport.get_extra_info("sslcontext") == MADE_UP
-                patched.assert_called_with("sslcontext")
-            assert transport.get_extra_info("sockname") == before
-            assert transport.get_extra_info("sslcontext") is None
+            check(await _transport_of(kind, closers))
         finally:
             for close in reversed(closers):
                 close()
@@ -103,6 +90,28 @@ def test_patched_get_extra_info_reaches_the_transport(loop_factory: LoopFactory,
         run(loop, main())
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("kind,base", CASES)
+def test_patched_get_extra_info_reaches_the_transport(loop_factory: LoopFactory, kind: str, base: str) -> None:
+    """``patch("asyncio.<Base>.get_extra_info")`` answers every name a
+    transport is asked for while the patch holds, the names a transport
+    has (``peername``) and those it has not (``sslcontext``) alike; the
+    transport's own answers come back once the patch is gone."""
+
+    def check(transport: asyncio.BaseTransport) -> None:
+        # Asked before the patch, so both loops have made their extra
+        # info (zuvrs makes a native connection's on first ask).
+        before = transport.get_extra_info("sockname")
+        with mock.patch(f"asyncio.{base}.get_extra_info") as patched:
+            patched.return_value = MADE_UP
+            assert transport.get_extra_info("peername") == MADE_UP
+            assert transport.get_extra_info("sslcontext") == MADE_UP
+            patched.assert_called_with("sslcontext")
+        assert transport.get_extra_info("sockname") == before
+        assert transport.get_extra_info("sslcontext") is None
+
+    _check_transport(loop_factory, kind, check)
 
 
 @pytest.mark.parametrize("base", ["Transport", "BaseTransport"])
@@ -111,24 +120,13 @@ def test_patched_get_extra_info_on_a_fresh_native_connection(loop_factory: LoopF
     (zuvrs has not made it) answers from a patched ``asyncio.Transport``
     (or BaseTransport) too, then from its own once the patch is gone."""
 
-    async def main() -> None:
-        closers: list = []
-        try:
-            transport = await _transport_of("tcp", closers)
-            with mock.patch(f"asyncio.{base}.get_extra_info") as patched:
-                patched.return_value = MADE_UP
-                assert transport.get_extra_info("sockname") == MADE_UP
-                assert transport.get_extra_info("sslcontext") == MADE_UP
-                assert transport.get_extra_info("socket") == MADE_UP
-            assert transport.get_extra_info("peername")[0] == "127.0.0.1"
-            assert transport.get_extra_info("sslcontext") is None
-        finally:
-            for close in reversed(closers):
-                close()
-            await asyncio.sleep(0)
+    def check(transport: asyncio.BaseTransport) -> None:
+        with mock.patch(f"asyncio.{base}.get_extra_info") as patched:
+            patched.return_value = MADE_UP
+            assert transport.get_extra_info("sockname") == MADE_UP
+            assert transport.get_extra_info("sslcontext") == MADE_UP
+            assert transport.get_extra_info("socket") == MADE_UP
+        assert transport.get_extra_info("peername")[0] == "127.0.0.1"
+        assert transport.get_extra_info("sslcontext") is None
 
-    loop = loop_factory()
-    try:
-        run(loop, main())
-    finally:
-        loop.close()
+    _check_transport(loop_factory, "tcp", check)

@@ -20,8 +20,8 @@ from asyncio.log import logger
 
 from .. import _zuvrs
 
-__all__ = ("NativeTransport", "ExtraInfo", "WriteFlowControl", "CoreMethod", "report_error", "socket_extra",
-           "READ_SIZE")
+__all__ = ("NativeTransport", "ExtraInfo", "ASYNCIO_GET_EXTRA_INFO", "WriteFlowControl", "CoreMethod", "report_error",
+           "socket_extra", "READ_SIZE")
 
 CoreMethod = _zuvrs.CoreMethod
 
@@ -68,7 +68,9 @@ def _as_size(limit):
 
 
 _BaseTransport = transports.BaseTransport
-_asyncio_get_extra_info = _BaseTransport.get_extra_info
+#: asyncio's own get_extra_info: BaseTransport's is something else only
+#: while replaced (a test's mock).
+ASYNCIO_GET_EXTRA_INFO = _BaseTransport.get_extra_info
 
 
 class ExtraInfo(_BaseTransport):
@@ -89,7 +91,7 @@ class ExtraInfo(_BaseTransport):
             from ..stats import TransportStats
 
             return TransportStats._from_native(self._core._stats())
-        if _BaseTransport.get_extra_info is not _asyncio_get_extra_info:
+        if _BaseTransport.get_extra_info is not ASYNCIO_GET_EXTRA_INFO:
             # (The arguments as a caller most likely gave them, for a mock
             # that checks them.)
             return super().get_extra_info(name) if default is None else super().get_extra_info(name, default)

@@ -15,7 +15,7 @@ from asyncio import constants, protocols, transports, trsock
 
 from .. import _zuvrs
 from .._server import NATIVE_CLIENT_TRACKING, Server
-from ._base import CoreMethod, ExtraInfo, NativeTransport, WriteFlowControl, socket_extra
+from ._base import ASYNCIO_GET_EXTRA_INFO, CoreMethod, ExtraInfo, NativeTransport, WriteFlowControl, socket_extra
 
 __all__ = ("SocketTransport",)
 
@@ -23,7 +23,6 @@ _open_core = _zuvrs.StreamCore.open
 _open_connected = _zuvrs.StreamCore.open_connected
 _tcp_names = _zuvrs.tcp_names
 _BufferedProtocol = protocols.BufferedProtocol
-_asyncio_get_extra_info = transports.BaseTransport.get_extra_info
 
 
 def _attach_to(server, transport):
@@ -111,7 +110,7 @@ class _SocketExtraInfo(ExtraInfo):
     'sslcontext')."""
 
     def get_extra_info(self, name, default=None):
-        if transports.BaseTransport.get_extra_info is _asyncio_get_extra_info and name != "zuvrs_stats":
+        if transports.BaseTransport.get_extra_info is ASYNCIO_GET_EXTRA_INFO and name != "zuvrs_stats":
             # ExtraInfo's answer, without its call (connections ask often).
             extra = self._extra_dict
             if extra is None:
