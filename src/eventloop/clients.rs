@@ -63,6 +63,10 @@ pub(crate) struct Clients {
     housekeeping: HashSet<ClientPtr>,
     /// Each with the Python object that keeps it alive until then.
     due: Vec<(Py<PyAny>, ClientPtr)>,
+    /// The list the last due clients were run from, emptied and kept for
+    /// the next ones: a loop whose transports write every turn would
+    /// otherwise allocate and free a list per turn.
+    spare: Vec<(Py<PyAny>, ClientPtr)>,
 }
 
 impl Clients {
@@ -108,9 +112,22 @@ impl Clients {
         self.due.push((keep_alive, client));
     }
 
-    /// The clients due now (those that ask while they run are due next).
-    pub(crate) fn take_due(&mut self) -> Vec<(Py<PyAny>, ClientPtr)> {
-        std::mem::take(&mut self.due)
+    /// The clients due now, if any (those that ask while they run are due
+    /// next). The list goes back with `give_back` once run.
+    pub(crate) fn take_due(&mut self) -> Option<Vec<(Py<PyAny>, ClientPtr)>> {
+        if self.due.is_empty() {
+            return None;
+        }
+        let spare = std::mem::take(&mut self.spare);
+        Some(std::mem::replace(&mut self.due, spare))
+    }
+
+    /// The list `take_due` gave, run and emptied (its capacity is reused).
+    pub(crate) fn give_back(&mut self, list: Vec<(Py<PyAny>, ClientPtr)>) {
+        debug_assert!(list.is_empty());
+        if list.capacity() > self.spare.capacity() {
+            self.spare = list;
+        }
     }
 
     /// Everything, for the loop's close.

@@ -296,19 +296,25 @@ impl LoopShared {
     /// SystemExit, which propagate.
     fn run_before_poll(&self, py: Python<'_>) -> PyResult<()> {
         loop {
-            let due = self.state.with(py, |st| st.clients.take_due());
-            if due.is_empty() {
+            let Some(mut due) = self.state.with(py, |st| st.clients.take_due()) else {
                 return Ok(());
-            }
-            for (keep_alive, client) in due {
+            };
+            let mut fatal = None;
+            for (keep_alive, client) in due.drain(..) {
                 let result = client_before_poll(py, client, &keep_alive);
                 drop(keep_alive);
                 if let Err(err) = result {
                     if crate::errors::is_fatal_base(py, &err) {
-                        return Err(err);
+                        // (The clients left are dropped with the drain.)
+                        fatal = Some(err);
+                        break;
                     }
                     err.write_unraisable(py, None);
                 }
+            }
+            self.state.with(py, |st| st.clients.give_back(due));
+            if let Some(err) = fatal {
+                return Err(err);
             }
         }
     }

@@ -282,7 +282,8 @@ impl TlsSession {
 
     /// Encrypts many application buffers as few records as possible:
     /// buffers are gathered into full 16 KiB records; a buffer of at least
-    /// a record met with nothing gathered is encrypted in place. Returns
+    /// a record, or the last one, met with nothing gathered is encrypted in
+    /// place. Returns
     /// the bytes taken (all, unless a WantRead stopped it: nothing of the
     /// record being written was taken then) and whether it stopped so.
     pub(crate) fn write_vectored(&mut self, py: Python<'_>, bufs: &[&[u8]]) -> PyResult<(usize, Write)> {
@@ -297,10 +298,13 @@ impl TlsSession {
 
     fn write_gathered(&mut self, py: Python<'_>, bufs: &[&[u8]], scratch: &mut Vec<u8>) -> PyResult<(usize, Write)> {
         let mut taken = 0usize;
-        for buf in bufs {
+        for (i, buf) in bufs.iter().enumerate() {
             let mut rest: &[u8] = buf;
+            // (The last buffer, with nothing gathered before it, has nothing
+            // to be gathered with: written from where it is, uncopied.)
+            let last = i + 1 == bufs.len();
             while !rest.is_empty() {
-                if scratch.is_empty() && rest.len() >= MAX_RECORD {
+                if scratch.is_empty() && (last || rest.len() >= MAX_RECORD) {
                     match self.write_raw(py, rest)? {
                         Write::Written(n) => {
                             taken += n;

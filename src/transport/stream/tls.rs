@@ -31,6 +31,7 @@ use std::collections::VecDeque;
 use pyo3::exceptions::{PyConnectionResetError, PyNotImplementedError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
+use smallvec::SmallVec;
 
 use super::writer::{to_chunk, Chunk};
 use super::Reader;
@@ -726,7 +727,7 @@ impl StreamCore {
             self.with_tls_state(py, |t| t.dropped_writes += 1);
             return Ok(());
         }
-        let mut chunks = Vec::with_capacity(items.len());
+        let mut chunks: SmallVec<[(Chunk, usize); 4]> = SmallVec::with_capacity(items.len());
         for item in items {
             chunks.push(to_chunk(item)?);
         }
@@ -773,7 +774,7 @@ impl StreamCore {
             }
             let hold = t.records_pass();
             let Some(session) = t.session.as_mut() else { return Ok(hold) };
-            let bufs: Vec<&[u8]> = t.backlog.iter().map(|c| c.remaining()).collect();
+            let bufs: SmallVec<[&[u8]; 8]> = t.backlog.iter().map(|c| c.remaining()).collect();
             let (taken, _stopped) = match session.write_vectored(py, &bufs) {
                 Ok(r) => r,
                 Err(err) if tls::is_again(py, &err) => (0, Write::WantRead),
