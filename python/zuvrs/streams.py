@@ -143,6 +143,30 @@ class StreamWriter(_zuvrs.StreamWriterCore, _aio.StreamWriter):
     _drain_coroutine = _aio.StreamWriter.drain
 
 
+# The methods each native class defines ahead of asyncio's, and what they
+# are built on: one patched on asyncio's class while the program runs
+# (mock.patch.object(asyncio.StreamWriter, "write")) is asyncio's for the
+# native class too, as it would be for asyncio's own streams
+# (src/streams/patched.rs). The protocol's data_received and the reader's
+# feed_data are what a transport feeding the reader natively stands in for.
+_NATIVE_METHODS = {
+    _zuvrs.StreamReaderCore: (
+        _aio.StreamReader,
+        ("read", "readexactly", "readline", "readuntil", "__anext__", "feed_data", "feed_eof", "at_eof",
+         "exception", "set_exception", "set_transport", "_maybe_resume_transport", "_wakeup_waiter",
+         "_wait_for_data"),
+        _BUILT_ON,
+    ),
+    _zuvrs.StreamWriterCore: (_aio.StreamWriter, ("write", "writelines", "drain"), {}),
+    _zuvrs.StreamReaderProtocolCore: (
+        _aio.StreamReaderProtocol,
+        ("connection_made", "connection_lost", "eof_received", "_get_close_waiter", "data_received"),
+        {},
+    ),
+}
+for _core, (_asyncio_class, _names, _built_on) in _NATIVE_METHODS.items():
+    _zuvrs.watch_asyncio_patches(_core, _asyncio_class, _names, _built_on)
+
 # What the protocol's connection_made decides by: the transports whose core
 # can feed a reader natively (and SocketTransport's own get_extra_info,
 # read there), the reader whose feed_data that is, the server's writer.

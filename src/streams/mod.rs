@@ -16,6 +16,8 @@
 //! - protocol.rs: `ProtocolCore`, a StreamReaderProtocol's state and its
 //!   once-per-connection steps (connection_made, connection_lost, a
 //!   server's writer and handler task)
+//! - patched.rs: `PatchWatch`, which has the native methods call asyncio's
+//!   own where those are patched on asyncio's classes
 //!
 //! A zuvrs transport feeds a reader without Python: `attach_reader` makes
 //! the reader the sink of its protocol's reads (transport/stream/sink.rs).
@@ -23,6 +25,7 @@
 
 mod buffer;
 mod ops;
+mod patched;
 mod protocol;
 mod reader;
 mod state;
@@ -56,6 +59,7 @@ pub(crate) fn register(m: &Bound<'_, pyo3::types::PyModule>) -> PyResult<()> {
     m.add_class::<ReadOp>()?;
     m.add_class::<Completed>()?;
     m.add_function(wrap_pyfunction!(attach_reader, m)?)?;
+    m.add_function(wrap_pyfunction!(patched::watch_asyncio_patches, m)?)?;
     protocol::register(m)?;
     ops::install_slots(m.py());
     Ok(())

@@ -28,6 +28,7 @@ use pyo3::types::{PyDict, PyType, PyWeakrefReference};
 use pyo3::{intern, PyTraverseError, PyVisit};
 
 use super::none_as_absent;
+use super::patched::{asyncio_if_patched, PROTOCOL};
 use super::state::{self, ReaderCore};
 use crate::cell::NativeCell;
 use crate::python;
@@ -113,6 +114,52 @@ fn or_none(py: Python<'_>, value: &Option<Py<PyAny>>) -> Py<PyAny> {
 }
 
 impl ProtocolCore {
+    /// asyncio's `connection_lost` (this class's and FlowControlMixin's),
+    /// with the closing future made only if it is wanted.
+    fn lose_connection(&self, py: Python<'_>, exc: &Bound<'_, PyAny>) -> PyResult<()> {
+        let exc = (!exc.is_none()).then_some(exc);
+        if let Some(reader) = self.reader(py)? {
+            match exc {
+                None => python::call_method0(&reader, intern!(py, "feed_eof"))?,
+                Some(exc) => python::call_method(&reader, intern!(py, "set_exception"), (exc,))?,
+            };
+        }
+        let closed = self.state.with(py, |st| {
+            let closed = st.closed.as_ref().map(|c| c.clone_ref(py));
+            if closed.is_none() {
+                st.closed_by = Some(exc.map(|e| e.clone().unbind()));
+            }
+            closed
+        });
+        if let Some(closed) = closed {
+            let closed = closed.bind(py);
+            if !python::call_method0(closed, python::future::done(py))?.is_truthy()? {
+                settle(closed, exc)?;
+            }
+        }
+        let waiters = self.state.with(py, |st| {
+            st.connection_lost = true;
+            if st.paused {
+                st.drain_waiters.as_ref().map(|w| w.clone_ref(py))
+            } else {
+                None
+            }
+        });
+        if let Some(waiters) = waiters {
+            for waiter in waiters.bind(py).try_iter()? {
+                let waiter = waiter?;
+                if !python::call_method0(&waiter, python::future::done(py))?.is_truthy()? {
+                    settle(&waiter, exc)?;
+                }
+            }
+        }
+        let old = self
+            .state
+            .with(py, |st| (st.reader_wr.take(), st.stream_writer.take(), st.task.take(), st.transport.take()));
+        drop(old);
+        Ok(())
+    }
+
     /// An optional field, as Python sees it (None when absent).
     fn field(&self, py: Python<'_>, f: fn(&mut ProtocolState) -> &mut Option<Py<PyAny>>) -> Py<PyAny> {
         self.state.with(py, |st| or_none(py, f(st)))
@@ -173,6 +220,7 @@ impl ProtocolCore {
         if !feeds
             || !reader.get_type().getattr(intern!(py, "feed_data"))?.is(c.reader_feed_data.bind(py))
             || !slf.get_type().getattr(intern!(py, "data_received"))?.is(c.data_received.bind(py))
+            || !state::sink_serves(slf.as_any(), reader)
         {
             return Ok(());
         }
@@ -349,7 +397,8 @@ impl ProtocolCore {
     /// given to the protocol and the reader, whether it is TLS, the
     /// transport feeding the reader natively; then a server's writer and
     /// handler.
-    fn connection_made(slf: &Bound<'_, Self>, transport: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn connection_made(slf: &Bound<'_, Self>, transport: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(PROTOCOL, slf, "connection_made", (transport,));
         let py = slf.py();
         let me = slf.get();
         let c = classes(py)?;
@@ -360,7 +409,7 @@ impl ProtocolCore {
             me.state.with(py, |st| st.client_connected_cb = None);
             let made = python::call(c.asyncio_connection_made.bind(py), (slf, transport));
             me.state.with(py, |st| st.client_connected_cb = handler);
-            return made.map(drop);
+            return made.map(Bound::unbind);
         }
         let old = me.state.with(py, |st| st.transport.replace(transport.clone().unbind()));
         drop(old);
@@ -376,66 +425,31 @@ impl ProtocolCore {
         if let Some(handler) = handler {
             Self::serve(slf, transport, reader.as_ref(), handler.bind(py), c)?;
         }
-        Ok(())
+        Ok(py.None())
     }
 
-    /// asyncio's (this class's and FlowControlMixin's), with the closing
-    /// future made only if it is wanted.
-    fn connection_lost(&self, py: Python<'_>, exc: &Bound<'_, PyAny>) -> PyResult<()> {
-        let exc = (!exc.is_none()).then_some(exc);
-        if let Some(reader) = self.reader(py)? {
-            match exc {
-                None => python::call_method0(&reader, intern!(py, "feed_eof"))?,
-                Some(exc) => python::call_method(&reader, intern!(py, "set_exception"), (exc,))?,
-            };
-        }
-        let closed = self.state.with(py, |st| {
-            let closed = st.closed.as_ref().map(|c| c.clone_ref(py));
-            if closed.is_none() {
-                st.closed_by = Some(exc.map(|e| e.clone().unbind()));
-            }
-            closed
-        });
-        if let Some(closed) = closed {
-            let closed = closed.bind(py);
-            if !python::call_method0(closed, python::future::done(py))?.is_truthy()? {
-                settle(closed, exc)?;
-            }
-        }
-        let waiters = self.state.with(py, |st| {
-            st.connection_lost = true;
-            if st.paused {
-                st.drain_waiters.as_ref().map(|w| w.clone_ref(py))
-            } else {
-                None
-            }
-        });
-        if let Some(waiters) = waiters {
-            for waiter in waiters.bind(py).try_iter()? {
-                let waiter = waiter?;
-                if !python::call_method0(&waiter, python::future::done(py))?.is_truthy()? {
-                    settle(&waiter, exc)?;
-                }
-            }
-        }
-        let old = self
-            .state
-            .with(py, |st| (st.reader_wr.take(), st.stream_writer.take(), st.task.take(), st.transport.take()));
-        drop(old);
-        Ok(())
+    fn connection_lost(slf: &Bound<'_, Self>, exc: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(PROTOCOL, slf, "connection_lost", (exc,));
+        slf.get().lose_connection(slf.py(), exc)?;
+        Ok(slf.py().None())
     }
 
     /// asyncio's: the reader's EOF; False keeps a TLS transport open (it
     /// closes itself), True closes a plain one.
-    fn eof_received(&self, py: Python<'_>) -> PyResult<bool> {
-        if let Some(reader) = self.reader(py)? {
+    fn eof_received(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(PROTOCOL, slf, "eof_received", ());
+        let py = slf.py();
+        let me = slf.get();
+        if let Some(reader) = me.reader(py)? {
             python::call_method0(&reader, intern!(py, "feed_eof"))?;
         }
-        Ok(!self.state.with(py, |st| st.over_ssl))
+        let keep_open = !me.state.with(py, |st| st.over_ssl);
+        Ok(pyo3::types::PyBool::new(py, keep_open).to_owned().into_any().unbind())
     }
 
-    fn _get_close_waiter(&self, py: Python<'_>, _stream: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        self.closed_future(py)
+    fn _get_close_waiter(slf: &Bound<'_, Self>, stream: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(PROTOCOL, slf, "_get_close_waiter", (stream,));
+        slf.get().closed_future(slf.py())
     }
 
     #[getter(_stream_reader)]

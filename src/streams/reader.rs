@@ -23,6 +23,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use super::buffer::ReadBuffer;
 use super::none_as_absent;
 use super::ops::{Method, ReadOp};
+use super::patched::{asyncio_if_patched, READER};
 use super::state::{ReaderCore, ReaderState, DEFAULT_LIMIT};
 use crate::cell::NativeCell;
 use crate::python;
@@ -46,6 +47,15 @@ impl ReaderCore {
         let old = slf.get().state.with(py, |st| st.spare.replace(op.clone_ref(py).into_any()));
         drop(old);
         Ok(op)
+    }
+}
+
+/// `method(arg)`, or `method()` when the caller gave no argument (the
+/// method's own default applies).
+fn call_with_optional<'py>(method: &Bound<'py, PyAny>, arg: Option<&Py<PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+    match arg {
+        Some(arg) => method.call1((arg,)),
+        None => method.call0(),
     }
 }
 
@@ -81,87 +91,116 @@ impl ReaderCore {
         drop(old);
     }
 
-    fn exception(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.state.with(py, |st| st.exception.as_ref().map(|e| e.clone_ref(py)))
+    fn exception(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(READER, slf, "exception", ());
+        Ok(slf.get().get_exception(slf.py()).unwrap_or_else(|| slf.py().None()))
     }
 
-    fn set_exception(&self, py: Python<'_>, exc: Py<PyAny>) -> PyResult<()> {
-        let (old, waiter) = self.state.with(py, |st| (st.exception.replace(exc.clone_ref(py)), st.waiter.take()));
+    fn set_exception(slf: &Bound<'_, Self>, exc: Py<PyAny>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(READER, slf, "set_exception", (&exc,));
+        let py = slf.py();
+        let (old, waiter) = slf.get().state.with(py, |st| (st.exception.replace(exc.clone_ref(py)), st.waiter.take()));
         drop(old);
-        let Some(waiter) = waiter else { return Ok(()) };
-        let waiter = waiter.bind(py);
-        if !python::call_method0(waiter, python::future::cancelled(py))?.is_truthy()? {
-            python::call_method(waiter, python::future::set_exception(py), (exc,))?;
+        if let Some(waiter) = waiter {
+            let waiter = waiter.bind(py);
+            if !python::call_method0(waiter, python::future::cancelled(py))?.is_truthy()? {
+                python::call_method(waiter, python::future::set_exception(py), (exc,))?;
+            }
         }
-        Ok(())
+        Ok(py.None())
     }
 
-    fn _wakeup_waiter(&self, py: Python<'_>) -> PyResult<()> {
-        self.wakeup_waiter(py)
+    fn _wakeup_waiter(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(READER, slf, "_wakeup_waiter", ());
+        slf.get().wakeup_waiter(slf.py())?;
+        Ok(slf.py().None())
     }
 
-    fn set_transport(&self, py: Python<'_>, transport: Py<PyAny>) -> PyResult<()> {
-        self.state.with(py, |st| {
+    fn set_transport(slf: &Bound<'_, Self>, transport: Py<PyAny>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(READER, slf, "set_transport", (&transport,));
+        slf.get().state.with(slf.py(), |st| {
             if st.transport.is_some() {
                 return Err(PyAssertionError::new_err("Transport already set"));
             }
             st.transport = Some(transport);
             Ok(())
-        })
+        })?;
+        Ok(slf.py().None())
     }
 
-    fn _maybe_resume_transport(&self, py: Python<'_>) -> PyResult<()> {
-        self.maybe_resume_transport(py)
+    fn _maybe_resume_transport(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(READER, slf, "_maybe_resume_transport", ());
+        slf.get().maybe_resume_transport(slf.py())?;
+        Ok(slf.py().None())
     }
 
-    fn feed_eof(&self, py: Python<'_>) -> PyResult<()> {
-        self.state.with(py, |st| st.eof = true);
-        self.wakeup_waiter(py)
+    fn feed_eof(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(READER, slf, "feed_eof", ());
+        let py = slf.py();
+        slf.get().state.with(py, |st| st.eof = true);
+        slf.get().wakeup_waiter(py)?;
+        Ok(py.None())
     }
 
-    fn at_eof(&self, py: Python<'_>) -> bool {
-        self.state.with(py, |st| st.eof && st.len(py) == 0)
+    fn at_eof(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(READER, slf, "at_eof", ());
+        let py = slf.py();
+        let at_eof = slf.get().state.with(py, |st| st.eof && st.len(py) == 0);
+        Ok(pyo3::types::PyBool::new(py, at_eof).to_owned().into_any().unbind())
     }
 
-    fn feed_data(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
-        if self.state.with(py, |st| st.eof) {
+    fn feed_data(slf: &Bound<'_, Self>, data: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(READER, slf, "feed_data", (data,));
+        let py = slf.py();
+        let me = slf.get();
+        if me.state.with(py, |st| st.eof) {
             return Err(PyAssertionError::new_err("feed_data after feed_eof"));
         }
         if !data.is_truthy()? {
-            return Ok(());
+            return Ok(py.None());
         }
         match Bytes::get(data) {
-            Ok(bytes) => self.append(py, bytes.as_slice())?,
+            Ok(bytes) => me.append(py, bytes.as_slice())?,
             // Not bytes-like: what bytearray.extend makes of it (an
             // iterable of ints, or its TypeError).
             Err(_) => {
-                let buffer = self.state.with(py, |st| st.buffer.expose(py));
+                let buffer = me.state.with(py, |st| st.buffer.expose(py));
                 python::call_method(buffer.bind(py).as_any(), pyo3::intern!(py, "extend"), (data,))?;
             }
         }
-        self.after_feed(py)
+        me.after_feed(py)?;
+        Ok(py.None())
     }
 
     #[pyo3(signature = (n = None))]
-    fn read(slf: &Bound<'_, Self>, n: Option<Py<PyAny>>) -> PyResult<Py<ReadOp>> {
-        Self::op(slf, Method::Read, n)
+    fn read(slf: &Bound<'_, Self>, n: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
+        if let Some(method) = READER.asyncio_method(slf.as_any(), "read")? {
+            return Ok(call_with_optional(&method, n.as_ref())?.unbind());
+        }
+        Ok(Self::op(slf, Method::Read, n)?.into_any())
     }
 
-    fn readline(slf: &Bound<'_, Self>) -> PyResult<Py<ReadOp>> {
-        Self::op(slf, Method::ReadLine, None)
+    fn readline(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(READER, slf, "readline", ());
+        Ok(Self::op(slf, Method::ReadLine, None)?.into_any())
     }
 
     #[pyo3(signature = (separator = None))]
-    fn readuntil(slf: &Bound<'_, Self>, separator: Option<Py<PyAny>>) -> PyResult<Py<ReadOp>> {
-        Self::op(slf, Method::ReadUntil, separator)
+    fn readuntil(slf: &Bound<'_, Self>, separator: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
+        if let Some(method) = READER.asyncio_method(slf.as_any(), "readuntil")? {
+            return Ok(call_with_optional(&method, separator.as_ref())?.unbind());
+        }
+        Ok(Self::op(slf, Method::ReadUntil, separator)?.into_any())
     }
 
-    fn readexactly(slf: &Bound<'_, Self>, n: Py<PyAny>) -> PyResult<Py<ReadOp>> {
-        Self::op(slf, Method::ReadExactly, Some(n))
+    fn readexactly(slf: &Bound<'_, Self>, n: Py<PyAny>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(READER, slf, "readexactly", (&n,));
+        Ok(Self::op(slf, Method::ReadExactly, Some(n))?.into_any())
     }
 
-    fn __anext__(slf: &Bound<'_, Self>) -> PyResult<Py<ReadOp>> {
-        Self::op(slf, Method::Next, None)
+    fn __anext__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(READER, slf, "__anext__", ());
+        Ok(Self::op(slf, Method::Next, None)?.into_any())
     }
 
     #[getter(_buffer)]
@@ -222,7 +261,7 @@ impl ReaderCore {
 
     #[getter(_exception)]
     fn get_exception(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.exception(py)
+        self.state.with(py, |st| st.exception.as_ref().map(|e| e.clone_ref(py)))
     }
 
     #[setter(_exception)]

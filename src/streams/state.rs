@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::buffer::ReadBuffer;
+use super::patched::{PROTOCOL, READER};
 use crate::cell::NativeCell;
 use crate::python;
 use crate::transport::stream::ReadSink;
@@ -123,6 +124,10 @@ pub(super) fn resume_reading(py: Python<'_>, transport: Option<Py<PyAny>>) -> Py
 struct ReaderSink(Py<ReaderCore>);
 
 impl ReadSink for ReaderSink {
+    fn serves(&self, py: Python<'_>, protocol: &Bound<'_, PyAny>) -> bool {
+        sink_serves(protocol, self.0.bind(py).as_any())
+    }
+
     fn take(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
         self.0.get().append(py, data)
     }
@@ -134,6 +139,12 @@ impl ReadSink for ReaderSink {
     fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.0)
     }
+}
+
+/// Whether a sink can stand in for `protocol.data_received` feeding
+/// `reader.feed_data`: neither patched on asyncio's class (patched.rs).
+pub(super) fn sink_serves(protocol: &Bound<'_, PyAny>, reader: &Bound<'_, PyAny>) -> bool {
+    PROTOCOL.is_own(protocol, "data_received") && READER.is_own(reader, "feed_data")
 }
 
 /// `reader` as the sink of a transport's reads.

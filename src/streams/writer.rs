@@ -20,6 +20,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::none_as_absent;
 use super::ops::Completed;
+use super::patched::{asyncio_if_patched, WRITER};
 use super::state::ReaderCore;
 use crate::cell::NativeCell;
 use crate::python;
@@ -144,26 +145,33 @@ impl WriterCore {
         self.set_loop(py, loop_obj);
     }
 
-    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
-        match self.transport_or_none(py) {
-            (Some(core), _) => core.get().write(py, data),
-            (None, transport) => python::call_method(transport.bind(py), python::streams::write(py), (data,)).map(drop),
+    fn write(slf: &Bound<'_, Self>, data: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(WRITER, slf, "write", (data,));
+        let py = slf.py();
+        match slf.get().transport_or_none(py) {
+            (Some(core), _) => core.get().write(py, data)?,
+            (None, transport) => drop(python::call_method(transport.bind(py), python::streams::write(py), (data,))?),
         }
+        Ok(py.None())
     }
 
-    fn writelines(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
-        match self.transport_or_none(py) {
-            (Some(core), _) => core.get().writelines(py, data),
+    fn writelines(slf: &Bound<'_, Self>, data: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(WRITER, slf, "writelines", (data,));
+        let py = slf.py();
+        match slf.get().transport_or_none(py) {
+            (Some(core), _) => core.get().writelines(py, data)?,
             (None, transport) => {
-                python::call_method(transport.bind(py), python::streams::writelines(py), (data,)).map(drop)
+                drop(python::call_method(transport.bind(py), python::streams::writelines(py), (data,))?)
             }
         }
+        Ok(py.None())
     }
 
     /// `await writer.drain()`: complete at once when asyncio's would be,
     /// else asyncio's coroutine (the class's `_drain_coroutine`: asyncio's
     /// `StreamWriter.drain`, python/zuvrs/streams.py).
     fn drain(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        asyncio_if_patched!(WRITER, slf, "drain", ());
         let py = slf.py();
         if slf.get().drains_at_once(py) {
             return Ok(Completed::get(py)?.into_any());

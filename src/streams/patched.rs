@@ -1,0 +1,260 @@
+//! Methods patched on asyncio's own stream classes while the program runs
+//! (`mock.patch.object(asyncio.StreamWriter, "writelines")`, as test
+//! suites do). asyncio's streams then call the patched method. zuvrs's
+//! stream classes put their native methods ahead of asyncio's in the MRO,
+//! so they would not: each native method first asks its class's
+//! `PatchWatch` whether asyncio's class still holds its own version of
+//! that method, or of one the method is built on (`readline` on
+//! `readuntil`). If not, the method is asyncio's for this call, found after
+//! the native class in the instance's MRO as `super()` finds it: the patch
+//! itself, or asyncio's own method, which calls the patched one.
+//!
+//! A transport that feeds a native reader (the sink, transport/stream/
+//! sink.rs) stands in for the protocol's `data_received` and the reader's
+//! `feed_data`: it asks too, before each read, and steps aside while
+//! either is patched.
+//!
+//! The question comes with every call, so the answer is kept per instance
+//! type together with the type's version tag. CPython marks a type's tag
+//! invalid whenever the type or one of its bases changes (a setattr on
+//! asyncio's class reaches every subclass) and gives it a new one at its
+//! next attribute lookup: the same valid tag means nothing changed since
+//! the answer was found. A type whose tag is not valid is looked at anew
+//! on each call.
+
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyString, PySuper, PyTuple, PyType};
+
+use crate::cell::NativeCell;
+
+/// The methods of one native class that asyncio's class may have patched.
+pub(super) struct PatchWatch {
+    config: PyOnceLock<Config>,
+    seen: NativeCell<[Seen; SEEN]>,
+}
+
+struct Config {
+    /// The native class (the lookup of a patched method starts after it)
+    /// and asyncio's class.
+    core: Py<PyType>,
+    asyncio_class: Py<PyType>,
+    /// Each watched name: asyncio's own attribute by that name when the
+    /// watch began (None: it had none), and the bits of the names the
+    /// method is built on.
+    names: Vec<(Py<PyString>, Option<Py<PyAny>>, u64)>,
+}
+
+/// The answer for one instance type: the bits of the names patched.
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    type_ptr: usize,
+    tag: u32,
+    patched: u64,
+}
+
+/// How many instance types the answers are kept for (the class itself and
+/// a few subclasses in use at once).
+const SEEN: usize = 4;
+
+/// The type's version tag, if it is valid.
+#[inline(always)]
+fn valid_tag(tp: *mut ffi::PyTypeObject) -> Option<u32> {
+    // SAFETY: `tp` is the type of a live object, which keeps it alive; both
+    // fields are plain data, written only by a thread holding the GIL.
+    let (flags, tag) = unsafe { ((*tp).tp_flags, (*tp).tp_version_tag) };
+    (flags & ffi::Py_TPFLAGS_VALID_VERSION_TAG != 0 && tag != 0).then_some(tag)
+}
+
+impl PatchWatch {
+    pub(super) const fn new() -> Self {
+        PatchWatch {
+            config: PyOnceLock::new(),
+            seen: NativeCell::new([Seen { type_ptr: 0, tag: 0, patched: 0 }; SEEN]),
+        }
+    }
+
+    /// Starts watching `names` of `asyncio_class` for the native class
+    /// `core`; `built_on` maps a name to the names its method is built on.
+    fn start(
+        &self,
+        py: Python<'_>,
+        core: Py<PyType>,
+        asyncio_class: Py<PyType>,
+        names: &Bound<'_, PyTuple>,
+        built_on: &Bound<'_, PyDict>,
+    ) -> PyResult<()> {
+        if names.len() > 64 {
+            return Err(pyo3::exceptions::PyValueError::new_err("at most 64 names are watched"));
+        }
+        let own = asyncio_class.bind(py).getattr(intern!(py, "__dict__"))?;
+        let names: Vec<Bound<'_, PyString>> =
+            names.iter().map(|n| n.cast_into::<PyString>()).collect::<Result<_, _>>()?;
+        let bit_of = |name: &Bound<'_, PyAny>| names.iter().position(|n| n.as_any().eq(name).unwrap_or(false));
+        let mut watched = Vec::with_capacity(names.len());
+        for name in &names {
+            let original = own.call_method1(intern!(py, "get"), (name,))?;
+            let mut deps = 0u64;
+            if let Some(on) = built_on.get_item(name)? {
+                for dep in on.try_iter()? {
+                    let dep = dep?;
+                    let Some(i) = bit_of(&dep) else {
+                        return Err(pyo3::exceptions::PyValueError::new_err(format!("{dep} is not watched")));
+                    };
+                    deps |= 1 << i;
+                }
+            }
+            watched.push((name.clone().unbind(), (!original.is_none()).then(|| original.unbind()), deps));
+        }
+        let _ = self.config.set(py, Config { core, asyncio_class, names: watched });
+        Ok(())
+    }
+
+    /// asyncio's `name` for `slf`, if asyncio's class has it (or one it is
+    /// built on) patched: then the native method calls this instead.
+    #[inline]
+    pub(super) fn asyncio_method<'py>(
+        &self,
+        slf: &Bound<'py, PyAny>,
+        name: &str,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let patched = self.patched(slf)?;
+        if patched == 0 {
+            return Ok(None);
+        }
+        self.method_if_patched(slf, name, patched)
+    }
+
+    /// Whether `name` is asyncio's own for `obj` (not patched, nor built on
+    /// something patched). A failure to tell counts as patched.
+    #[inline]
+    pub(super) fn is_own(&self, obj: &Bound<'_, PyAny>, name: &str) -> bool {
+        match self.patched(obj) {
+            Ok(0) => true,
+            Ok(patched) => self.bit(obj.py(), name).is_none_or(|bit| patched & bit == 0),
+            Err(_) => false,
+        }
+    }
+
+    /// The bits of the names patched for `obj`'s type.
+    #[inline]
+    fn patched(&self, obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let tp = obj.get_type_ptr();
+        if let Some(tag) = valid_tag(tp) {
+            let known = self.seen.with(obj.py(), |seen| {
+                seen.iter().find(|s| s.type_ptr == tp as usize && s.tag == tag).map(|s| s.patched)
+            });
+            if let Some(patched) = known {
+                return Ok(patched);
+            }
+        }
+        self.look(obj)
+    }
+
+    /// Compares asyncio's class with what it held when the watch began.
+    #[cold]
+    #[inline(never)]
+    fn look(&self, obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let py = obj.py();
+        let Some(c) = self.config.get(py) else { return Ok(0) };
+        let own = c.asyncio_class.bind(py).getattr(intern!(py, "__dict__"))?;
+        let mut patched = 0u64;
+        for (i, (name, original, _)) in c.names.iter().enumerate() {
+            let now = own.call_method1(intern!(py, "get"), (name,))?;
+            let same = match original {
+                Some(original) => now.is(original),
+                None => now.is_none(),
+            };
+            if !same {
+                patched |= 1 << i;
+            }
+        }
+        // What is built on something patched is asyncio's too.
+        loop {
+            let before = patched;
+            for (i, (_, _, deps)) in c.names.iter().enumerate() {
+                if deps & patched != 0 {
+                    patched |= 1 << i;
+                }
+            }
+            if patched == before {
+                break;
+            }
+        }
+        // (A lookup on the type gives it a valid tag again, if it can have one.)
+        let tp = obj.get_type_ptr();
+        if let Some((name, _, _)) = c.names.first() {
+            let _ = obj.get_type().getattr(name.bind(py));
+        }
+        if let Some(tag) = valid_tag(tp) {
+            self.seen.with(py, |seen| {
+                // The oldest answer makes room (the first is the newest).
+                seen.rotate_right(1);
+                seen[0] = Seen { type_ptr: tp as usize, tag, patched };
+            });
+        }
+        Ok(patched)
+    }
+
+    fn bit(&self, py: Python<'_>, name: &str) -> Option<u64> {
+        let c = self.config.get(py)?;
+        let i = c.names.iter().position(|(n, _, _)| n.bind(py).to_str().is_ok_and(|n| n == name))?;
+        Some(1 << i)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn method_if_patched<'py>(
+        &self,
+        slf: &Bound<'py, PyAny>,
+        name: &str,
+        patched: u64,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = slf.py();
+        let (Some(c), Some(bit)) = (self.config.get(py), self.bit(py, name)) else { return Ok(None) };
+        if patched & bit == 0 {
+            return Ok(None);
+        }
+        Ok(Some(PySuper::new(c.core.bind(py), slf)?.getattr(name)?))
+    }
+}
+
+/// The watches of the three native stream classes.
+pub(super) static READER: PatchWatch = PatchWatch::new();
+pub(super) static WRITER: PatchWatch = PatchWatch::new();
+pub(super) static PROTOCOL: PatchWatch = PatchWatch::new();
+
+/// Starts the watch of a native stream class (`core`, one of the three
+/// cores) over `names` of asyncio's class (python/zuvrs/streams.py, once).
+#[pyfunction]
+pub(super) fn watch_asyncio_patches(
+    py: Python<'_>,
+    core: Bound<'_, PyType>,
+    asyncio_class: Py<PyType>,
+    names: &Bound<'_, PyTuple>,
+    built_on: &Bound<'_, PyDict>,
+) -> PyResult<()> {
+    let watch = if core.is(py.get_type::<super::ReaderCore>()) {
+        &READER
+    } else if core.is(py.get_type::<super::WriterCore>()) {
+        &WRITER
+    } else if core.is(py.get_type::<super::protocol::ProtocolCore>()) {
+        &PROTOCOL
+    } else {
+        return Err(pyo3::exceptions::PyTypeError::new_err("not a native stream class"));
+    };
+    watch.start(py, core.unbind(), asyncio_class, names, built_on)
+}
+
+/// In a native method: returns what asyncio's method `$name` returns for
+/// `$slf` when asyncio's class has it patched (see the module docs).
+macro_rules! asyncio_if_patched {
+    ($watch:expr, $slf:expr, $name:literal, $args:expr) => {
+        if let Some(method) = $watch.asyncio_method($slf.as_any(), $name)? {
+            return Ok(method.call1($args)?.unbind());
+        }
+    };
+}
+pub(super) use asyncio_if_patched;
