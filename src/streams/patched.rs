@@ -14,13 +14,12 @@
 //! `feed_data`: it asks too, before each read, and steps aside while
 //! either is patched.
 //!
-//! The question comes with every call, so the answer is kept per instance
-//! type together with the type's version tag. CPython marks a type's tag
-//! invalid whenever the type or one of its bases changes (a setattr on
-//! asyncio's class reaches every subclass) and gives it a new one at its
-//! next attribute lookup: the same valid tag means nothing changed since
-//! the answer was found. A type whose tag is not valid is looked at anew
-//! on each call.
+//! The question comes with every call, so the answer is kept with the
+//! version tag asyncio's class had when it was found. CPython marks a
+//! type's tag invalid whenever the type changes (a setattr on it, a patch
+//! or its undoing) and gives it a new one at the next attribute lookup
+//! through it or a subclass: the same valid tag means asyncio's class is
+//! as it was. While its tag is not valid, the class is looked at anew.
 
 use pyo3::ffi;
 use pyo3::intern;
@@ -33,7 +32,7 @@ use crate::cell::NativeCell;
 /// The methods of one native class that asyncio's class may have patched.
 pub(super) struct PatchWatch {
     config: PyOnceLock<Config>,
-    seen: NativeCell<[Seen; SEEN]>,
+    seen: NativeCell<Seen>,
 }
 
 struct Config {
@@ -47,23 +46,20 @@ struct Config {
     names: Vec<(Py<PyString>, Option<Py<PyAny>>, u64)>,
 }
 
-/// The answer for one instance type: the bits of the names patched.
-#[derive(Clone, Copy, Default)]
+/// The last answer: asyncio's class (null until the watch starts), its
+/// version tag then (0: no answer yet) and the bits of the names patched.
+#[derive(Clone, Copy)]
 struct Seen {
-    type_ptr: usize,
+    class: *mut ffi::PyTypeObject,
     tag: u32,
     patched: u64,
 }
 
-/// How many instance types the answers are kept for (the class itself and
-/// a few subclasses in use at once).
-const SEEN: usize = 4;
-
 /// The type's version tag, if it is valid.
 #[inline(always)]
 fn valid_tag(tp: *mut ffi::PyTypeObject) -> Option<u32> {
-    // SAFETY: `tp` is the type of a live object, which keeps it alive; both
-    // fields are plain data, written only by a thread holding the GIL.
+    // SAFETY: `tp` is a live type object (asyncio's class, held by the
+    // watch); both fields are plain data, written only with the GIL held.
     let (flags, tag) = unsafe { ((*tp).tp_flags, (*tp).tp_version_tag) };
     (flags & ffi::Py_TPFLAGS_VALID_VERSION_TAG != 0 && tag != 0).then_some(tag)
 }
@@ -72,7 +68,7 @@ impl PatchWatch {
     pub(super) const fn new() -> Self {
         PatchWatch {
             config: PyOnceLock::new(),
-            seen: NativeCell::new([Seen { type_ptr: 0, tag: 0, patched: 0 }; SEEN]),
+            seen: NativeCell::new(Seen { class: std::ptr::null_mut(), tag: 0, patched: 0 }),
         }
     }
 
@@ -108,58 +104,69 @@ impl PatchWatch {
             }
             watched.push((name.clone().unbind(), (!original.is_none()).then(|| original.unbind()), deps));
         }
-        let _ = self.config.set(py, Config { core, asyncio_class, names: watched });
+        let class = asyncio_class.as_ptr().cast();
+        if self.config.set(py, Config { core, asyncio_class, names: watched }).is_ok() {
+            self.seen.with(py, |seen| seen.class = class);
+        }
         Ok(())
     }
 
     /// asyncio's `name` for `slf`, if asyncio's class has it (or one it is
     /// built on) patched: then the native method calls this instead.
-    #[inline]
+    #[inline(always)]
     pub(super) fn asyncio_method<'py>(
         &self,
         slf: &Bound<'py, PyAny>,
         name: &str,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let patched = self.patched(slf)?;
-        if patched == 0 {
+        if self.known(slf.py()) == Some(0) {
             return Ok(None);
         }
-        self.method_if_patched(slf, name, patched)
+        self.method_if_patched(slf, name)
     }
 
-    /// Whether `name` is asyncio's own for `obj` (not patched, nor built on
-    /// something patched). A failure to tell counts as patched.
-    #[inline]
-    pub(super) fn is_own(&self, obj: &Bound<'_, PyAny>, name: &str) -> bool {
-        match self.patched(obj) {
-            Ok(0) => true,
-            Ok(patched) => self.bit(obj.py(), name).is_none_or(|bit| patched & bit == 0),
+    /// Whether asyncio's class has its own `name` (neither it nor what it
+    /// is built on patched). A failure to tell counts as patched.
+    #[inline(always)]
+    pub(super) fn is_own(&self, py: Python<'_>, name: &str) -> bool {
+        self.known(py) == Some(0) || self.is_own_after_look(py, name)
+    }
+
+    /// The bits of the names patched, if the last answer still holds (no
+    /// watch: none patched).
+    #[inline(always)]
+    fn known(&self, py: Python<'_>) -> Option<u64> {
+        let seen = self.seen.with(py, |seen| *seen);
+        if seen.class.is_null() {
+            return Some(0);
+        }
+        (valid_tag(seen.class) == Some(seen.tag)).then_some(seen.patched)
+    }
+
+    /// The bits of the names patched on asyncio's class.
+    fn patched(&self, py: Python<'_>) -> PyResult<u64> {
+        match self.known(py) {
+            Some(patched) => Ok(patched),
+            None => self.look(py),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn is_own_after_look(&self, py: Python<'_>, name: &str) -> bool {
+        match self.patched(py) {
+            Ok(patched) => self.bit(py, name).is_none_or(|bit| patched & bit == 0),
             Err(_) => false,
         }
-    }
-
-    /// The bits of the names patched for `obj`'s type.
-    #[inline]
-    fn patched(&self, obj: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let tp = obj.get_type_ptr();
-        if let Some(tag) = valid_tag(tp) {
-            let known = self.seen.with(obj.py(), |seen| {
-                seen.iter().find(|s| s.type_ptr == tp as usize && s.tag == tag).map(|s| s.patched)
-            });
-            if let Some(patched) = known {
-                return Ok(patched);
-            }
-        }
-        self.look(obj)
     }
 
     /// Compares asyncio's class with what it held when the watch began.
     #[cold]
     #[inline(never)]
-    fn look(&self, obj: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let py = obj.py();
+    fn look(&self, py: Python<'_>) -> PyResult<u64> {
         let Some(c) = self.config.get(py) else { return Ok(0) };
-        let own = c.asyncio_class.bind(py).getattr(intern!(py, "__dict__"))?;
+        let class = c.asyncio_class.bind(py);
+        let own = class.getattr(intern!(py, "__dict__"))?;
         let mut patched = 0u64;
         for (i, (name, original, _)) in c.names.iter().enumerate() {
             let now = own.call_method1(intern!(py, "get"), (name,))?;
@@ -183,16 +190,15 @@ impl PatchWatch {
                 break;
             }
         }
-        // (A lookup on the type gives it a valid tag again, if it can have one.)
-        let tp = obj.get_type_ptr();
+        // (A lookup through the class gives it a valid tag again, if it
+        // can have one.)
         if let Some((name, _, _)) = c.names.first() {
-            let _ = obj.get_type().getattr(name.bind(py));
+            let _ = class.getattr(name.bind(py));
         }
-        if let Some(tag) = valid_tag(tp) {
+        if let Some(tag) = valid_tag(c.asyncio_class.as_ptr().cast()) {
             self.seen.with(py, |seen| {
-                // The oldest answer makes room (the first is the newest).
-                seen.rotate_right(1);
-                seen[0] = Seen { type_ptr: tp as usize, tag, patched };
+                seen.tag = tag;
+                seen.patched = patched;
             });
         }
         Ok(patched)
@@ -204,15 +210,13 @@ impl PatchWatch {
         Some(1 << i)
     }
 
+    /// asyncio's `name` for `slf` if it is patched (after a look, if the
+    /// last answer no longer holds), else None.
     #[cold]
     #[inline(never)]
-    fn method_if_patched<'py>(
-        &self,
-        slf: &Bound<'py, PyAny>,
-        name: &str,
-        patched: u64,
-    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+    fn method_if_patched<'py>(&self, slf: &Bound<'py, PyAny>, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = slf.py();
+        let patched = self.patched(py)?;
         let (Some(c), Some(bit)) = (self.config.get(py), self.bit(py, name)) else { return Ok(None) };
         if patched & bit == 0 {
             return Ok(None);

@@ -220,7 +220,7 @@ impl ProtocolCore {
         if !feeds
             || !reader.get_type().getattr(intern!(py, "feed_data"))?.is(c.reader_feed_data.bind(py))
             || !slf.get_type().getattr(intern!(py, "data_received"))?.is(c.data_received.bind(py))
-            || !state::sink_serves(slf.as_any(), reader)
+            || !state::sink_serves(py)
         {
             return Ok(());
         }

@@ -124,8 +124,8 @@ pub(super) fn resume_reading(py: Python<'_>, transport: Option<Py<PyAny>>) -> Py
 struct ReaderSink(Py<ReaderCore>);
 
 impl ReadSink for ReaderSink {
-    fn serves(&self, py: Python<'_>, protocol: &Bound<'_, PyAny>) -> bool {
-        sink_serves(protocol, self.0.bind(py).as_any())
+    fn serves(&self, py: Python<'_>) -> bool {
+        sink_serves(py)
     }
 
     fn take(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
@@ -141,10 +141,11 @@ impl ReadSink for ReaderSink {
     }
 }
 
-/// Whether a sink can stand in for `protocol.data_received` feeding
-/// `reader.feed_data`: neither patched on asyncio's class (patched.rs).
-pub(super) fn sink_serves(protocol: &Bound<'_, PyAny>, reader: &Bound<'_, PyAny>) -> bool {
-    PROTOCOL.is_own(protocol, "data_received") && READER.is_own(reader, "feed_data")
+/// Whether a sink can stand in for a native protocol's `data_received`
+/// feeding its native reader's `feed_data`: neither patched on asyncio's
+/// class (patched.rs).
+pub(super) fn sink_serves(py: Python<'_>) -> bool {
+    PROTOCOL.is_own(py, "data_received") && READER.is_own(py, "feed_data")
 }
 
 /// `reader` as the sink of a transport's reads.

@@ -18,10 +18,10 @@ use crate::transport::readbuf;
 
 /// What a protocol's reads go to instead of `data_received`.
 pub(crate) trait ReadSink {
-    /// Whether the sink still stands in for `protocol`'s `data_received`
+    /// Whether the sink still stands in for its protocol's `data_received`
     /// (false: that is to be called, as for any protocol). Asked before
     /// each read; may run Python code.
-    fn serves(&self, py: Python<'_>, protocol: &Bound<'_, PyAny>) -> bool;
+    fn serves(&self, py: Python<'_>) -> bool;
 
     /// Takes `data`. Must run no Python code: the read buffer is borrowed
     /// meanwhile (errors are made, not raised by Python code).
@@ -58,11 +58,11 @@ impl StreamCore {
 
     /// The sink that takes the current protocol's reads, if any.
     pub(super) fn sink(&self, py: Python<'_>) -> Option<Rc<dyn ReadSink>> {
-        let (sink, protocol) = self.state.with(py, |st| match (&st.sink, &st.base.protocol) {
-            (Some(s), Some(p)) if s.protocol.is(p) => Some((s.sink.clone(), p.clone_ref(py))),
+        let sink = self.state.with(py, |st| match (&st.sink, &st.base.protocol) {
+            (Some(s), Some(p)) if s.protocol.is(p) => Some(s.sink.clone()),
             _ => None,
         })?;
-        sink.serves(py, protocol.bind(py)).then_some(sink)
+        sink.serves(py).then_some(sink)
     }
 
     /// Hands the `n` bytes the last read put in the read buffer to `sink`.
