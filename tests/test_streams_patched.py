@@ -285,3 +285,29 @@ def test_data_received_patched_on_an_open_connection(loop, streams):
         return seen
 
     assert run(loop, main()) == [b"during\n"]
+
+
+def test_an_answer_is_kept_while_asyncio_is_unchanged(loop):
+    """The native methods look at asyncio's classes again only after one
+    of them changed, not on every call (on every supported Python: how
+    CPython marks a changed class differs from 3.13 on)."""
+    from zuvrs import _zuvrs
+
+    async def main():
+        reader = zs.StreamReader(loop=asyncio.get_running_loop())
+        reader.at_eof()
+        before = _zuvrs.asyncio_patch_looks()
+        for _ in range(100):
+            reader.at_eof()
+            reader.feed_data(b"x")
+        steady = _zuvrs.asyncio_patch_looks() - before
+        with mock.patch.object(asyncio.StreamReader, "at_eof", lambda self: "patched"):
+            assert reader.at_eof() == "patched"
+            assert reader.at_eof() == "patched"
+        assert not reader.at_eof()
+        return steady, _zuvrs.asyncio_patch_looks() - before
+
+    steady, after_patch = run(loop, main())
+    assert steady == 0
+    # The patch and its undoing: a look after each (not one per call).
+    assert 1 <= after_patch <= 4

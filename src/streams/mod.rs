@@ -60,6 +60,7 @@ pub(crate) fn register(m: &Bound<'_, pyo3::types::PyModule>) -> PyResult<()> {
     m.add_class::<Completed>()?;
     m.add_function(wrap_pyfunction!(attach_reader, m)?)?;
     m.add_function(wrap_pyfunction!(patched::watch_asyncio_patches, m)?)?;
+    m.add_function(wrap_pyfunction!(patched::asyncio_patch_looks, m)?)?;
     protocol::register(m)?;
     ops::install_slots(m.py());
     Ok(())

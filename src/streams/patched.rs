@@ -53,22 +53,33 @@ struct Seen {
     class: *mut ffi::PyTypeObject,
     tag: u32,
     patched: u64,
+    /// How many times asyncio's class was looked at (the tests' evidence
+    /// that an answer is kept while the class is unchanged).
+    looks: u64,
 }
 
-/// The type's version tag, if it is valid.
+/// The type's version tag, if it is valid. Up to 3.12 a change of the
+/// type clears Py_TPFLAGS_VALID_VERSION_TAG (3.10 leaves the old tag in
+/// place); from 3.13 that flag is no longer set, and a change makes the
+/// tag 0.
 #[inline(always)]
 fn valid_tag(tp: *mut ffi::PyTypeObject) -> Option<u32> {
     // SAFETY: `tp` is a live type object (asyncio's class, held by the
     // watch); both fields are plain data, written only with the GIL held.
-    let (flags, tag) = unsafe { ((*tp).tp_flags, (*tp).tp_version_tag) };
-    (flags & ffi::Py_TPFLAGS_VALID_VERSION_TAG != 0 && tag != 0).then_some(tag)
+    let tag = unsafe { (*tp).tp_version_tag };
+    #[cfg(not(Py_3_13))]
+    // SAFETY: as above.
+    let valid = unsafe { (*tp).tp_flags } & ffi::Py_TPFLAGS_VALID_VERSION_TAG != 0;
+    #[cfg(Py_3_13)]
+    let valid = true;
+    (valid && tag != 0).then_some(tag)
 }
 
 impl PatchWatch {
     pub(super) const fn new() -> Self {
         PatchWatch {
             config: PyOnceLock::new(),
-            seen: NativeCell::new(Seen { class: std::ptr::null_mut(), tag: 0, patched: 0 }),
+            seen: NativeCell::new(Seen { class: std::ptr::null_mut(), tag: 0, patched: 0, looks: 0 }),
         }
     }
 
@@ -165,6 +176,7 @@ impl PatchWatch {
     #[inline(never)]
     fn look(&self, py: Python<'_>) -> PyResult<u64> {
         let Some(c) = self.config.get(py) else { return Ok(0) };
+        self.seen.with(py, |seen| seen.looks += 1);
         let class = c.asyncio_class.bind(py);
         let own = class.getattr(intern!(py, "__dict__"))?;
         let mut patched = 0u64;
@@ -250,6 +262,14 @@ pub(super) fn watch_asyncio_patches(
         return Err(pyo3::exceptions::PyTypeError::new_err("not a native stream class"));
     };
     watch.start(py, core.unbind(), asyncio_class, names, built_on)
+}
+
+/// How many times the watches have looked at asyncio's classes (each
+/// look follows a change of one of them, or a class that has no valid
+/// version tag).
+#[pyfunction]
+pub(super) fn asyncio_patch_looks(py: Python<'_>) -> u64 {
+    [&READER, &WRITER, &PROTOCOL].iter().map(|w| w.seen.with(py, |seen| seen.looks)).sum()
 }
 
 /// In a native method: returns what asyncio's method `$name` returns for
