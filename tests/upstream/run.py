@@ -35,7 +35,8 @@ Suites (``--suite``, repeatable; default all):
               servers and TLS, on the loop of the column.
   redis       redis-py's asyncio client tests (tests/test_asyncio) from the
               sdist of the installed redis, against a redis-server this run
-              starts on a free port (Debian's, tools/setup.sh installs it);
+              starts on port 6379, where some of them look for it (Debian's,
+              tools/setup.sh installs it);
               what needs other servers (clusters, Redis Stack modules, the
               fault injector) is left out. The client reads and writes
               through asyncio's streams, so this suite is the one to run
@@ -619,19 +620,35 @@ REDIS_LEFT_OUT = (
 )
 
 
+# Some of redis-py's tests connect to the default port whatever URL they
+# are given (a pool made with no arguments), so the server takes it.
+REDIS_PORT = 6379
+
+
 @contextlib.contextmanager
-def redis_server():
-    """A redis-server on a free port of 127.0.0.1, no persistence; its URL."""
+def redis_server(notes):
+    """A redis-server on 127.0.0.1:6379 (a free port, with a note in
+    `notes`, if that is taken), no persistence, DEBUG allowed (the tests of
+    a server that is loading or out of memory fake it with DEBUG ERROR);
+    its URL."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise SystemExit("redis-server is not installed (tools/setup.sh installs it)")
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        # (As redis-server binds: connections of an earlier run left in
+        # TIME_WAIT do not keep it from the port.)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", REDIS_PORT))
+        except OSError:
+            s.bind(("127.0.0.1", 0))
+            notes.append(f"redis: port {REDIS_PORT} is taken; the tests that use the default port fail")
         port = s.getsockname()[1]
     work = os.path.join(CACHE, "redis-server")
     os.makedirs(work, exist_ok=True)
     proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", work],
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", work,
+         "--enable-debug-command", "yes"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
@@ -659,12 +676,14 @@ def redis_server():
 
 def suite_redis(loops, files, args):
     # Its pyproject's pytest options: pytest-asyncio in auto mode, "-s".
-    with redis_server() as url:
-        return sdist_suite(
+    notes = []
+    with redis_server(notes) as url:
+        results, source, more = sdist_suite(
             "redis", loops, files,
             ["-p", "no:codspeed", f"--redis-url={url}",
              *(f"--ignore=tests/test_asyncio/{left_out}" for left_out in REDIS_LEFT_OUT)],
             ["tests/test_asyncio"], plugins=("asyncio",))
+    return results, source, notes + more
 
 
 def suite_websockets(loops, files, args):
@@ -822,10 +841,10 @@ SUITE_NOTES = {
                "addopts run pytest-xdist), on the loop asyncio's replaced policy makes (AnyIO's "
                "pytest plugin runs them). test_asyncio_run__default_loop_factory asserts that the "
                "default loop is the stdlib's, so it fails wherever the policy is replaced.",
-    "redis": "Its tests/test_asyncio against one redis-server (Debian's 7.0) on a free port; "
+    "redis": "Its tests/test_asyncio against one redis-server (Debian's 7.0) on port 6379, DEBUG allowed; "
              "left out: what needs a cluster, the Redis Stack modules, the fault injector or Entra "
              "ID's libraries. The failures on every loop are commands and options this server "
-             "version does not have.",
+             "version does not have, and the sentinels a few tests expect.",
     "websockets": "Its tests/asyncio and tests/legacy, from a source tree (websockets' sdists "
                   "ship no tests), run with WEBSOCKETS_TESTS_TIMEOUT_FACTOR=5.",
 }
