@@ -166,6 +166,7 @@ _NATIVE_METHODS = {
 }
 for _core, (_asyncio_class, _names, _built_on) in _NATIVE_METHODS.items():
     _zuvrs.watch_asyncio_patches(_core, _asyncio_class, _names, _built_on)
+del _core, _asyncio_class, _names, _built_on
 
 # What the protocol's connection_made decides by: the transports whose core
 # can feed a reader natively (and SocketTransport's own get_extra_info,
