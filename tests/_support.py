@@ -256,6 +256,21 @@ def payload(size, seed=0):
     return random.Random(seed).randbytes(size)
 
 
+async def connected_streams(streams):
+    """A server of ``streams`` (asyncio, or a module with its stream
+    functions such as zuvrs.streams) on 127.0.0.1 and one connection to it:
+    the server, the client's (reader, writer) and the server side's."""
+    accepted = asyncio.get_running_loop().create_future()
+
+    async def handle(reader, writer):
+        accepted.set_result((reader, writer))
+
+    server = await streams.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = await streams.open_connection("127.0.0.1", port)
+    return server, client, await accepted
+
+
 async def wait_until(predicate, timeout=TIMEOUT, interval=0.001):
     """Poll ``predicate()`` on the running loop until true; fail after timeout."""
     loop = asyncio.get_running_loop()

@@ -17,7 +17,7 @@ import textwrap
 import warnings
 
 import pytest
-from _support import PY311, PY313, TIMEOUT, run
+from _support import PY311, PY313, TIMEOUT, connected_streams, run
 
 zs = pytest.importorskip("zuvrs.streams")
 
@@ -618,24 +618,10 @@ def test_bulk_through_a_small_limit_pauses_and_delivers_everything(loop, streams
     assert total == size and same and was_paused
 
 
-async def connected_pair(streams):
-    """A server of ``streams`` on 127.0.0.1 and one connection to it: the
-    server, the client's (reader, writer) and the server side's."""
-    accepted = asyncio.get_running_loop().create_future()
-
-    async def handle(reader, writer):
-        accepted.set_result((reader, writer))
-
-    server = await streams.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    client = await streams.open_connection("127.0.0.1", port)
-    return server, client, await accepted
-
-
 
 def test_peer_reset_reaches_the_reader(loop, streams):
     async def main():
-        server, (reader, writer), (_, peer) = await connected_pair(streams)
+        server, (reader, writer), (_, peer) = await connected_streams(streams)
         read = asyncio.create_task(reader.read(10))
         await asyncio.sleep(0.01)
         peer.transport.abort()
@@ -650,7 +636,7 @@ def test_peer_reset_reaches_the_reader(loop, streams):
 
 def test_drain_semantics(loop, streams):
     async def main():
-        server, (reader, writer), (peer_reader, peer_writer) = await connected_pair(streams)
+        server, (reader, writer), (peer_reader, peer_writer) = await connected_streams(streams)
         # Nothing to wait for: drain completes at once.
         assert await writer.drain() is None
         # Paused by the transport: drain waits until the peer reads.
@@ -686,7 +672,7 @@ def test_drain_semantics(loop, streams):
 
 def test_writer_api_as_asyncio(loop, streams):
     async def main():
-        server, (reader, writer), (peer_reader, peer_writer) = await connected_pair(streams)
+        server, (reader, writer), (peer_reader, peer_writer) = await connected_streams(streams)
         port = server.sockets[0].getsockname()[1]
         assert isinstance(peer_writer, asyncio.StreamWriter)
         assert type(peer_reader) is type(reader) and type(peer_writer) is type(writer)
@@ -1057,7 +1043,7 @@ def test_lost_connection_wakes_paused_drains_with_its_error(loop, streams):
     error when it is lost, and later drains raise at once."""
 
     async def main():
-        server, (reader, writer), (_, peer) = await connected_pair(streams)
+        server, (reader, writer), (_, peer) = await connected_streams(streams)
         protocol = writer._protocol
         protocol.pause_writing()
         drains = [asyncio.ensure_future(writer.drain()) for _ in range(2)]
@@ -1104,7 +1090,7 @@ def test_close_waiter_and_done_future_as_asyncio(loop, streams):
     async def main():
         contexts = []
         loop.set_exception_handler(lambda lp, ctx: contexts.append(ctx))
-        server, (reader, writer), (_, peer) = await connected_pair(streams)
+        server, (reader, writer), (_, peer) = await connected_streams(streams)
         assert writer._complete_fut.done() and writer._complete_fut.result() is None
         waiting = asyncio.ensure_future(writer.wait_closed())
         await asyncio.sleep(0)
@@ -1137,7 +1123,7 @@ def test_exported_buffer_fails_the_connection_as_asyncio(loop, streams):
     async def main():
         contexts = []
         loop.set_exception_handler(lambda lp, ctx: contexts.append(ctx))
-        server, (reader, writer), (_, peer) = await connected_pair(streams)
+        server, (reader, writer), (_, peer) = await connected_streams(streams)
         peer.write(b"first\n")
         assert await reader.readline() == b"first\n"
         view = memoryview(reader._buffer)

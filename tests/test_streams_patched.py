@@ -13,7 +13,7 @@ import contextlib
 from unittest import mock
 
 import pytest
-from _support import TIMEOUT, run
+from _support import TIMEOUT, connected_streams, run
 
 zs = pytest.importorskip("zuvrs.streams")
 
@@ -141,15 +141,7 @@ def test_writer_patches(loop, streams):
     """redis-py's case (a writelines that fails), write and drain."""
 
     async def main():
-        got = asyncio.get_running_loop().create_future()
-
-        async def handle(reader, writer):
-            got.set_result(await reader.read())
-            writer.close()
-
-        server = await streams.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await streams.open_connection("127.0.0.1", port)
+        server, (_, writer), (peer_reader, peer_writer) = await connected_streams(streams)
         refused = mock.Mock(side_effect=ConnectionRefusedError)
         with mock.patch.object(asyncio.StreamWriter, "writelines", refused):
             with pytest.raises(ConnectionRefusedError):
@@ -164,7 +156,8 @@ def test_writer_patches(loop, streams):
         assert await writer.drain() is None
         writer.write(b"sent")
         writer.write_eof()
-        assert await asyncio.wait_for(got, TIMEOUT) == b"sent"
+        assert await asyncio.wait_for(peer_reader.read(), TIMEOUT) == b"sent"
+        peer_writer.close()
         writer.close()
         await writer.wait_closed()
         server.close()
@@ -255,15 +248,7 @@ def test_data_received_patched_on_an_open_connection(loop, streams):
     transport stops feeding the native reader directly)."""
 
     async def main():
-        accepted = asyncio.get_running_loop().create_future()
-
-        async def handle(reader, writer):
-            accepted.set_result((reader, writer))
-
-        server = await streams.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await streams.open_connection("127.0.0.1", port)
-        peer_reader, peer_writer = await accepted
+        server, (reader, writer), (_, peer_writer) = await connected_streams(streams)
         peer_writer.write(b"before\n")
         assert await reader.readline() == b"before\n"
         seen = []
