@@ -1082,6 +1082,89 @@ pub(crate) mod futures {
     pub(crate) fn belongs_to(fut: &Bound<'_, PyAny>, loop_: &Bound<'_, PyAny>) -> bool {
         layout_known() && first_field(fut) == Some(loop_.as_ptr())
     }
+
+    /// The future methods native code calls (python::future_call0 / 1).
+    #[derive(Clone, Copy)]
+    pub(crate) enum Method {
+        Done,
+        Cancelled,
+        Result,
+        SetResult,
+        SetException,
+    }
+
+    const METHODS: [&str; 5] = ["done", "cancelled", "result", "set_result", "set_exception"];
+
+    /// What calling the C future type's own methods takes: the type, the
+    /// offset of its objects' dict slot (0: none), and its methods (method
+    /// descriptors) in `Method` order.
+    struct OwnMethods {
+        tp: *mut ffi::PyTypeObject,
+        dict_offset: isize,
+        methods: [Py<PyAny>; 5],
+    }
+
+    // SAFETY: only read with the GIL held (`own_methods` takes the token);
+    // the type pointer is kept alive by `c_future_type`'s reference.
+    unsafe impl Send for OwnMethods {}
+    // SAFETY: as for Send.
+    unsafe impl Sync for OwnMethods {}
+
+    /// None without the C future type, or when its objects keep their dict
+    /// where this cannot tell (a managed dict).
+    fn own_methods(py: Python<'_>) -> Option<&OwnMethods> {
+        static OWN: PyOnceLock<Option<OwnMethods>> = PyOnceLock::new();
+        OWN.get_or_init(py, || {
+            let ty = c_future_type(py)?;
+            let tp = ty.as_type_ptr();
+            // SAFETY: a live type object; its fields are only read.
+            let (flags, dict_offset) = unsafe { ((*tp).tp_flags, (*tp).tp_dictoffset) };
+            if flags & ffi::Py_TPFLAGS_MANAGED_DICT != 0 || dict_offset < 0 {
+                return None;
+            }
+            let found: Vec<Py<PyAny>> = METHODS.iter().filter_map(|n| ty.getattr(*n).ok().map(Bound::unbind)).collect();
+            Some(OwnMethods { tp, dict_offset, methods: found.try_into().ok()? })
+        })
+        .as_ref()
+    }
+
+    /// `fut.method(*arg)` through the C future type's own method when that
+    /// is what a lookup on `fut` would find: `fut` is exactly of that type
+    /// and has no instance dict, where an assignment such as
+    /// `fut.set_result = ...` would shadow it. That skips the lookup (about
+    /// 150 instructions a call). None when the method must be looked up on
+    /// `fut`.
+    #[inline]
+    pub(crate) fn call_own<'py>(
+        fut: &Bound<'py, PyAny>,
+        method: Method,
+        arg: Option<&Bound<'py, PyAny>>,
+    ) -> Option<PyResult<Bound<'py, PyAny>>> {
+        let own = own_methods(fut.py())?;
+        // SAFETY: `fut` is a live object; its dict slot is read only when it
+        // is exactly of the C future type, whose objects hold one at
+        // `dict_offset` (when not 0).
+        let plain = unsafe {
+            ffi::Py_TYPE(fut.as_ptr()) == own.tp
+                && (own.dict_offset == 0
+                    || (*((fut.as_ptr() as *const u8).offset(own.dict_offset) as *const *mut ffi::PyObject)).is_null())
+        };
+        if !plain {
+            return None;
+        }
+        let func = &own.methods[method as usize];
+        let argv = [fut.as_ptr(), arg.map_or(std::ptr::null_mut(), |a| a.as_ptr())];
+        let nargs = if arg.is_some() { 2 } else { 1 };
+        // SAFETY: GIL held; the descriptor and the arguments are live
+        // objects borrowed for the call; the result is a new reference or
+        // NULL with an exception set.
+        Some(unsafe {
+            Bound::from_owned_ptr_or_err(
+                fut.py(),
+                ffi::PyObject_Vectorcall(func.as_ptr(), argv.as_ptr(), nargs, std::ptr::null_mut()),
+            )
+        })
+    }
 }
 
 // ---- end of section: futures ----

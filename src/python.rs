@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule, PyString};
 
+pub(crate) use crate::capi::futures::Method as FutureMethod;
 use crate::cell;
 
 /// Interned method names, one function each (`names!(foo)` gives `foo(py)`).
@@ -127,6 +128,50 @@ pub(crate) fn call_method_in_context<'py>(
     let kwnames =
         CONTEXT.get_or_try_init(py, || pyo3::types::PyTuple::new(py, [event_loop::context(py)]).map(Bound::unbind))?;
     crate::capi::calls::call_method_kw(obj, name, args, kwnames.bind(py), &[context])
+}
+
+/// Drops `obj` with a plain decref under the GIL `py` proves (dropping a
+/// `Py` asks pyo3 whether the thread is attached: a thread-local read, which
+/// in a shared library is a call).
+#[inline(always)]
+pub(crate) fn release<T>(py: Python<'_>, obj: Py<T>) {
+    drop(obj.into_bound(py));
+}
+
+/// `fut.method()` on an asyncio future: the C future's own method when
+/// nothing can shadow it (capi::futures::call_own), else looked up on `fut`.
+#[inline]
+pub(crate) fn future_call0<'py>(fut: &Bound<'py, PyAny>, method: FutureMethod) -> PyResult<Bound<'py, PyAny>> {
+    cell::check_crossing();
+    match crate::capi::futures::call_own(fut, method, None) {
+        Some(result) => result,
+        None => crate::capi::calls::call_method0(fut, future_method_name(fut.py(), method)),
+    }
+}
+
+/// The interned name of a future method.
+fn future_method_name(py: Python<'_>, method: FutureMethod) -> &Bound<'_, PyString> {
+    match method {
+        FutureMethod::Done => future::done(py),
+        FutureMethod::Cancelled => future::cancelled(py),
+        FutureMethod::Result => future::result(py),
+        FutureMethod::SetResult => future::set_result(py),
+        FutureMethod::SetException => future::set_exception(py),
+    }
+}
+
+/// `fut.method(arg)` on an asyncio future, as `future_call0`.
+#[inline]
+pub(crate) fn future_call1<'py>(
+    fut: &Bound<'py, PyAny>,
+    method: FutureMethod,
+    arg: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    cell::check_crossing();
+    match crate::capi::futures::call_own(fut, method, Some(arg)) {
+        Some(result) => result,
+        None => fut.call_method1(future_method_name(fut.py(), method), (arg,)),
+    }
 }
 
 /// `func(*args)`.

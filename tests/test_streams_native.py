@@ -321,6 +321,39 @@ def test_exception_set_while_waiting(loop, streams):
     run(loop, main())
 
 
+@pytest.mark.parametrize("how", ["feed_data", "feed_eof", "set_exception"])
+def test_waiter_methods_set_on_the_future_are_called(loop, streams, how):
+    # The reader wakes its waiter through the future's own methods unless
+    # the future itself holds others (an instance attribute shadows them).
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        task = asyncio.create_task(reader.read(5))
+        await asyncio.sleep(0)
+        waiter = reader._waiter
+        calls = []
+        for name in ("cancelled", "set_result", "set_exception"):
+            method = getattr(waiter, name)
+            setattr(waiter, name, lambda *a, _m=method, _n=name: (calls.append(_n), _m(*a))[1])
+        exc = ConnectionResetError("gone")
+        if how == "feed_data":
+            reader.feed_data(b"abc")
+        elif how == "feed_eof":
+            reader.feed_eof()
+        else:
+            reader.set_exception(exc)
+        try:
+            result = await task
+        except ConnectionResetError as err:
+            result = err
+        return calls, result, exc
+
+    calls, result, exc = run(loop, main())
+    if how == "set_exception":
+        assert (calls, result) == (["cancelled", "set_exception"], exc)
+    else:
+        assert (calls, result) == (["cancelled", "set_result"], b"abc" if how == "feed_data" else b"")
+
+
 def test_concurrent_read_is_refused(loop, streams):
     async def main():
         reader = streams.StreamReader(loop=loop)

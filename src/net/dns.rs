@@ -180,20 +180,21 @@ impl Pending {
     ) {
         let Some(future) = self.future.take() else { return };
         let future = future.bind(py);
-        let outcome = python::call_method0(future, python::future::cancelled(py)).and_then(|c| c.is_truthy()).and_then(
-            |cancelled| {
+        let outcome = python::future_call0(future, python::FutureMethod::Cancelled)
+            .and_then(|c| c.is_truthy())
+            .and_then(|cancelled| {
                 if cancelled {
                     return Ok(());
                 }
                 match result {
                     Err(status) => {
                         let exc = gaierror(py, status)?.into_value(py);
-                        python::call_method(future, python::future::set_exception(py), (exc,)).map(drop)
+                        python::future_call1(future, python::FutureMethod::SetException, exc.bind(py).as_any())
+                            .map(drop)
                     }
-                    Ok(result) => python::call_method(future, python::future::set_result(py), (result()?,)).map(drop),
+                    Ok(result) => python::future_call1(future, python::FutureMethod::SetResult, &result()?).map(drop),
                 }
-            },
-        );
+            });
         if let Err(err) = outcome {
             if is_fatal_base(py, &err) {
                 shared.raise_later(py, err);

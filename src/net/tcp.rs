@@ -116,7 +116,7 @@ pub(crate) struct Connecting {
 impl Connecting {
     fn __call__(&self, py: Python<'_>) -> PyResult<()> {
         let fut = self.fut.bind(py);
-        if python::call_method0(fut, python::future::done(py))?.is_truthy()? {
+        if python::future_call0(fut, python::FutureMethod::Done)?.is_truthy()? {
             return Ok(());
         }
         let outcome = match os::net::socket_error(self.fd) {
@@ -140,8 +140,8 @@ impl Connecting {
         };
         self.loop_obj.get().shared().clear_fd_handler(py, self.fd, true);
         match outcome {
-            Ok(()) => python::call_method(fut, python::future::set_result(py), (py.None(),))?,
-            Err(exc) => python::call_method(fut, python::future::set_exception(py), (exc.into_value(py),))?,
+            Ok(()) => python::future_call1(fut, python::FutureMethod::SetResult, py.None().bind(py))?,
+            Err(exc) => python::future_call1(fut, python::FutureMethod::SetException, exc.into_value(py).bind(py))?,
         };
         Ok(())
     }

@@ -156,7 +156,7 @@ impl ReadOp {
             (std::mem::replace(&mut st.stage, Stage::Running), st.reader.as_ref().map(|r| r.clone_ref(py)))
         });
         let reader = match reader {
-            Some(reader) => reader,
+            Some(reader) => reader.into_bound(py),
             None => {
                 self.state.with(py, |st| st.stage = Stage::Done);
                 return Err(PyRuntimeError::new_err("cannot reuse already awaited coroutine"));
@@ -175,10 +175,12 @@ impl ReadOp {
                 return Err(PyRuntimeError::new_err("cannot reuse already awaited coroutine"));
             }
             Stage::Waiting(future) => {
+                let future = future.into_bound(py);
                 // asyncio's _wait_for_data: `finally: self._waiter = None`.
-                let old = reader.state.with(py, |st| st.waiter.take());
-                drop(old);
-                if let Err(err) = python::call_method0(future.bind(py), python::future::result(py)) {
+                if let Some(old) = reader.state.with(py, |st| st.waiter.take()) {
+                    python::release(py, old);
+                }
+                if let Err(err) = python::future_call0(&future, python::FutureMethod::Result) {
                     self.finish(py);
                     return Err(err);
                 }
@@ -204,9 +206,15 @@ impl ReadOp {
 
     /// The op is over: nothing is held any more.
     fn finish(&self, py: Python<'_>) {
-        let old =
+        let (stage, kind, reader) =
             self.state.with(py, |st| (std::mem::replace(&mut st.stage, Stage::Done), st.kind.take(), st.reader.take()));
-        drop(old);
+        if let Stage::Waiting(future) = stage {
+            python::release(py, future);
+        }
+        if let Some(reader) = reader {
+            python::release(py, reader);
+        }
+        drop(kind);
     }
 
     /// `throw()`: the read ends with `err` raised where it waited (its
@@ -254,8 +262,8 @@ fn start(py: Python<'_>, reader: &ReaderCore, method: Method, arg: Option<Py<PyA
     Ok(match method {
         Method::Read => {
             raise_exception(py, reader)?;
-            let n: isize = match &arg {
-                Some(a) => a.extract(py)?,
+            let n: isize = match arg {
+                Some(a) => a.into_bound(py).extract()?,
                 None => -1,
             };
             match n {
@@ -265,7 +273,7 @@ fn start(py: Python<'_>, reader: &ReaderCore, method: Method, arg: Option<Py<PyA
             }
         }
         Method::ReadExactly => {
-            let n: isize = arg.expect("readexactly takes n").extract(py)?;
+            let n: isize = arg.expect("readexactly takes n").into_bound(py).extract()?;
             if n < 0 {
                 return Err(PyValueError::new_err("readexactly size can not be less than zero"));
             }

@@ -102,8 +102,8 @@ pub(crate) struct ProtocolCore {
 fn settle(fut: &Bound<'_, PyAny>, exc: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     let py = fut.py();
     match exc {
-        None => python::call_method(fut, python::future::set_result(py), (py.None(),)),
-        Some(exc) => python::call_method(fut, python::future::set_exception(py), (exc,)),
+        None => python::future_call1(fut, python::FutureMethod::SetResult, py.None().bind(py)),
+        Some(exc) => python::future_call1(fut, python::FutureMethod::SetException, exc),
     }
     .map(drop)
 }
@@ -133,7 +133,7 @@ impl ProtocolCore {
         });
         if let Some(closed) = closed {
             let closed = closed.bind(py);
-            if !python::call_method0(closed, python::future::done(py))?.is_truthy()? {
+            if !python::future_call0(closed, python::FutureMethod::Done)?.is_truthy()? {
                 settle(closed, exc)?;
             }
         }
@@ -148,7 +148,7 @@ impl ProtocolCore {
         if let Some(waiters) = waiters {
             for waiter in waiters.bind(py).try_iter()? {
                 let waiter = waiter?;
-                if !python::call_method0(&waiter, python::future::done(py))?.is_truthy()? {
+                if !python::future_call0(&waiter, python::FutureMethod::Done)?.is_truthy()? {
                     settle(&waiter, exc)?;
                 }
             }
@@ -299,7 +299,7 @@ impl HandlerDone {
     fn __call__(&self, py: Python<'_>, task: &Bound<'_, PyAny>) -> PyResult<()> {
         let transport = self.transport.bind(py);
         let close = intern!(py, "close");
-        if CANCELLED_HANDLER_CLOSES && python::call_method0(task, python::future::cancelled(py))?.is_truthy()? {
+        if CANCELLED_HANDLER_CLOSES && python::future_call0(task, python::FutureMethod::Cancelled)?.is_truthy()? {
             python::call_method0(transport, close)?;
             return Ok(());
         }

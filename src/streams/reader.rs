@@ -103,8 +103,8 @@ impl ReaderCore {
         drop(old);
         if let Some(waiter) = waiter {
             let waiter = waiter.bind(py);
-            if !python::call_method0(waiter, python::future::cancelled(py))?.is_truthy()? {
-                python::call_method(waiter, python::future::set_exception(py), (exc,))?;
+            if !python::future_call0(waiter, python::FutureMethod::Cancelled)?.is_truthy()? {
+                python::future_call1(waiter, python::FutureMethod::SetException, exc.bind(py))?;
             }
         }
         Ok(py.None())

@@ -87,9 +87,9 @@ impl ReaderCore {
     /// asyncio's `_wakeup_waiter`.
     pub(super) fn wakeup_waiter(&self, py: Python<'_>) -> PyResult<()> {
         let Some(waiter) = self.state.with(py, |st| st.waiter.take()) else { return Ok(()) };
-        let waiter = waiter.bind(py);
-        if !python::call_method0(waiter, python::future::cancelled(py))?.is_truthy()? {
-            python::call_method(waiter, python::future::set_result(py), (py.None(),))?;
+        let waiter = &waiter.into_bound(py);
+        if !python::future_call0(waiter, python::FutureMethod::Cancelled)?.is_truthy()? {
+            python::future_call1(waiter, python::FutureMethod::SetResult, py.None().bind(py))?;
         }
         Ok(())
     }

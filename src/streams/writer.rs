@@ -249,7 +249,7 @@ impl WriterCore {
         }
         let loop_obj = loop_obj.unwrap_or_else(|| py.None());
         let fut = python::call_method0(loop_obj.bind(py), python::event_loop::create_future(py))?;
-        python::call_method(&fut, python::future::set_result(py), (py.None(),))?;
+        python::future_call1(&fut, python::FutureMethod::SetResult, py.None().bind(py))?;
         let fut = fut.unbind();
         self.state.with(py, |st| st.complete_fut = Some(fut.clone_ref(py)));
         Ok(fut)

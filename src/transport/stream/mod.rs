@@ -335,9 +335,9 @@ impl StreamCore {
         drop(dropped);
         if let Some(waiter) = waiter {
             let waiter = waiter.bind(py);
-            if !python::call_method0(waiter, python::future::done(py))?.is_truthy()? {
+            if !python::future_call0(waiter, python::FutureMethod::Done)?.is_truthy()? {
                 let exc = PyConnectionError::new_err("Connection is closed by peer");
-                python::call_method(waiter, python::future::set_exception(py), (exc.into_value(py),))?;
+                python::future_call1(waiter, python::FutureMethod::SetException, exc.into_value(py).bind(py))?;
             }
         }
         self.schedule_connection_lost(py, exc)

@@ -545,8 +545,8 @@ impl StreamCore {
         };
         if let Some(waiter) = waiter {
             let waiter = waiter.bind(py);
-            if !python::call_method0(waiter, python::future::done(py))?.is_truthy()? {
-                python::call_method(waiter, python::future::set_result(py), (py.None(),))?;
+            if !python::future_call0(waiter, python::FutureMethod::Done)?.is_truthy()? {
+                python::future_call1(waiter, python::FutureMethod::SetResult, py.None().bind(py))?;
             }
         }
         let lose = self.state.with(py, |st| {
