@@ -354,6 +354,34 @@ def test_waiter_methods_set_on_the_future_are_called(loop, streams, how):
         assert (calls, result) == (["cancelled", "set_result"], b"abc" if how == "feed_data" else b"")
 
 
+def test_waiter_of_a_future_subclass_has_its_methods_called(loop, streams):
+    calls = []
+
+    class Future(asyncio.Future):
+        def cancelled(self):
+            calls.append("cancelled")
+            return super().cancelled()
+
+        def set_result(self, result):
+            calls.append("set_result")
+            super().set_result(result)
+
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        loop.create_future = lambda: Future(loop=loop)
+        try:
+            task = asyncio.create_task(reader.read(5))
+            await asyncio.sleep(0)
+            assert type(reader._waiter) is Future
+            reader.feed_data(b"abc")
+            return await task
+        finally:
+            del loop.create_future
+
+    assert run(loop, main()) == b"abc"
+    assert calls == ["cancelled", "set_result"]
+
+
 def test_concurrent_read_is_refused(loop, streams):
     async def main():
         reader = streams.StreamReader(loop=loop)

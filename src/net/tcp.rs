@@ -140,7 +140,9 @@ impl Connecting {
         };
         self.loop_obj.get().shared().clear_fd_handler(py, self.fd, true);
         match outcome {
-            Ok(()) => python::future_call1(fut, python::FutureMethod::SetResult, py.None().bind(py))?,
+            Ok(()) => {
+                python::future_call1(fut, python::FutureMethod::SetResult, pyo3::types::PyNone::get(py).as_any())?
+            }
             Err(exc) => python::future_call1(fut, python::FutureMethod::SetException, exc.into_value(py).bind(py))?,
         };
         Ok(())

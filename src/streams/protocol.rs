@@ -102,7 +102,7 @@ pub(crate) struct ProtocolCore {
 fn settle(fut: &Bound<'_, PyAny>, exc: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     let py = fut.py();
     match exc {
-        None => python::future_call1(fut, python::FutureMethod::SetResult, py.None().bind(py)),
+        None => python::future_call1(fut, python::FutureMethod::SetResult, pyo3::types::PyNone::get(py).as_any()),
         Some(exc) => python::future_call1(fut, python::FutureMethod::SetException, exc),
     }
     .map(drop)

@@ -89,7 +89,7 @@ impl ReaderCore {
         let Some(waiter) = self.state.with(py, |st| st.waiter.take()) else { return Ok(()) };
         let waiter = &waiter.into_bound(py);
         if !python::future_call0(waiter, python::FutureMethod::Cancelled)?.is_truthy()? {
-            python::future_call1(waiter, python::FutureMethod::SetResult, py.None().bind(py))?;
+            python::future_call1(waiter, python::FutureMethod::SetResult, pyo3::types::PyNone::get(py).as_any())?;
         }
         Ok(())
     }

@@ -249,7 +249,7 @@ impl WriterCore {
         }
         let loop_obj = loop_obj.unwrap_or_else(|| py.None());
         let fut = python::call_method0(loop_obj.bind(py), python::event_loop::create_future(py))?;
-        python::future_call1(&fut, python::FutureMethod::SetResult, py.None().bind(py))?;
+        python::future_call1(&fut, python::FutureMethod::SetResult, pyo3::types::PyNone::get(py).as_any())?;
         let fut = fut.unbind();
         self.state.with(py, |st| st.complete_fut = Some(fut.clone_ref(py)));
         Ok(fut)

@@ -546,7 +546,7 @@ impl StreamCore {
         if let Some(waiter) = waiter {
             let waiter = waiter.bind(py);
             if !python::future_call0(waiter, python::FutureMethod::Done)?.is_truthy()? {
-                python::future_call1(waiter, python::FutureMethod::SetResult, py.None().bind(py))?;
+                python::future_call1(waiter, python::FutureMethod::SetResult, pyo3::types::PyNone::get(py).as_any())?;
             }
         }
         let lose = self.state.with(py, |st| {
