@@ -303,7 +303,8 @@ pub(crate) trait Resumable: pyo3::PyClass {
 }
 
 /// Puts `T`'s resumption slots in place: `tp_iternext` (how 3.12+ resume
-/// an awaited object) and `am_send` (3.10, 3.11).
+/// an awaited object) and `am_send` (3.10, 3.11), and `am_await` /
+/// `tp_iter` giving the object itself, without pyo3's trampolines.
 pub(crate) fn install_resume_slots<T: Resumable>(py: pyo3::Python<'_>) {
     use pyo3::types::PyTypeMethods;
     let tp = py.get_type::<T>();
@@ -312,11 +313,22 @@ pub(crate) fn install_resume_slots<T: Resumable>(py: pyo3::Python<'_>) {
     unsafe {
         let raw = tp.as_type_ptr();
         (*raw).tp_iternext = Some(resume_next::<T>);
+        (*raw).tp_iter = Some(return_self);
         if let Some(async_slots) = (*raw).tp_as_async.as_mut() {
             async_slots.am_send = Some(resume_send::<T>);
+            async_slots.am_await = Some(return_self);
         }
         pyo3::ffi::PyType_Modified(raw);
     }
+}
+
+/// `__await__` / `__iter__` of an object that is its own iterator: `await`
+/// asks for it once per wait.
+unsafe extern "C" fn return_self(slf: *mut pyo3::ffi::PyObject) -> *mut pyo3::ffi::PyObject {
+    // SAFETY: CPython calls the slot with the GIL held on a live object;
+    // the new reference is the caller's.
+    unsafe { pyo3::ffi::Py_INCREF(slf) };
+    slf
 }
 
 /// `am_send`: the result or yielded value in `*result`, as the interpreter

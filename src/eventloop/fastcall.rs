@@ -472,9 +472,30 @@ fn method_def(name: &'static CStr, f: ffi::PyCFunctionFastWithKeywords, doc: &'s
     }
 }
 
+/// `get_debug()`: asyncio's C future asks it of its loop on every creation.
+unsafe extern "C" fn get_debug(slf: *mut ffi::PyObject, _: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls a method descriptor of LoopCore with the GIL
+    // held and an instance of LoopCore (it checks the type); the result is
+    // a new reference to a bool.
+    unsafe {
+        let py = Python::assume_attached();
+        let on = Borrowed::from_ptr(py, slf).cast_unchecked::<LoopCore>().get().shared().debug(py);
+        let result = if on { ffi::Py_True() } else { ffi::Py_False() };
+        ffi::Py_INCREF(result);
+        result
+    }
+}
+
 /// Adds the fast methods to `LoopCore` as method descriptors.
 pub(crate) fn install_fast_methods(py: Python<'_>) -> PyResult<()> {
-    let defs: [ffi::PyMethodDef; 6] = [
+    let no_args = ffi::PyMethodDef {
+        ml_name: c"get_debug".as_ptr(),
+        ml_meth: ffi::PyMethodDefPointer { PyCFunction: get_debug },
+        ml_flags: ffi::METH_NOARGS,
+        ml_doc: c"get_debug()\n--\n\nWhether the loop is in debug mode.".as_ptr(),
+    };
+    let defs: [ffi::PyMethodDef; 7] = [
+        no_args,
         method_def(c"call_soon", call_soon, c"call_soon(callback, *args, context=None)\n--\n\nSchedule callback to run on the next turn of the loop."),
         method_def(c"call_soon_threadsafe", call_soon_threadsafe, c"call_soon_threadsafe(callback, *args, context=None)\n--\n\nLike call_soon(), callable from any thread; wakes the loop."),
         method_def(c"call_later", call_later, c"call_later(delay, callback, *args, context=None)\n--\n\nSchedule callback to run after delay seconds."),

@@ -672,11 +672,6 @@ impl LoopCore {
         self.shared.state.with(py, |st| st.closed = value)
     }
 
-    /// Whether debug mode is on (asyncio's Task asks on every creation).
-    fn get_debug(&self, py: Python<'_>) -> bool {
-        self.shared.debug(py)
-    }
-
     #[getter(_debug)]
     fn get_debug_flag(&self, py: Python<'_>) -> bool {
         self.shared.debug(py)
