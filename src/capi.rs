@@ -1107,12 +1107,70 @@ pub(crate) mod futures {
 
     const METHODS: [&str; 5] = ["done", "cancelled", "result", "set_result", "set_exception"];
 
-    /// What calling the C future type's own methods takes: the type, the
-    /// offset of its objects' dict slot (0: none), and its methods (method
-    /// descriptors) in `Method` order.
+    /// Where a C future keeps the attributes set on it, which would shadow
+    /// the type's methods.
+    #[derive(Clone, Copy)]
+    enum Attributes {
+        /// Nowhere: it takes none.
+        None,
+        /// In a dict whose pointer is at this offset (up to 3.12).
+        DictAt(isize),
+        /// In a dict or inline values the interpreter manages (3.13+).
+        #[cfg(Py_3_13)]
+        Managed,
+    }
+
+    impl Attributes {
+        /// Whether `obj` has no attribute of its own.
+        ///
+        /// # Safety
+        /// GIL held; `obj` is a live object of the type this describes.
+        #[inline]
+        unsafe fn none_on(self, obj: *mut ffi::PyObject) -> bool {
+            // SAFETY: per the contract: the type's objects hold a dict pointer
+            // at that offset, or a dict the interpreter manages.
+            unsafe {
+                match self {
+                    Attributes::None => true,
+                    Attributes::DictAt(offset) => {
+                        (*((obj as *const u8).offset(offset) as *const *mut ffi::PyObject)).is_null()
+                    }
+                    #[cfg(Py_3_13)]
+                    Attributes::Managed => {
+                        let mut seen = false;
+                        PyObject_VisitManagedDict(obj, note_seen, &mut seen as *mut bool as *mut std::ffi::c_void) == 0
+                            && !seen
+                    }
+                }
+            }
+        }
+    }
+
+    #[cfg(Py_3_13)]
+    extern "C" {
+        /// Visits the object's managed dict, or its inline values (public
+        /// since 3.13; pyo3's bindings leave it out).
+        fn PyObject_VisitManagedDict(
+            obj: *mut ffi::PyObject,
+            visit: ffi::visitproc,
+            arg: *mut std::ffi::c_void,
+        ) -> std::ffi::c_int;
+    }
+
+    /// A visit callback noting that it was called.
+    #[cfg(Py_3_13)]
+    unsafe extern "C" fn note_seen(_: *mut ffi::PyObject, seen: *mut std::ffi::c_void) -> std::ffi::c_int {
+        // SAFETY: `seen` is the `bool` that `none_on` passed.
+        unsafe { *(seen as *mut bool) = true };
+        0
+    }
+
+    /// What calling the C future type's own methods takes: the type, where
+    /// its objects keep attributes, and its methods (method descriptors) in
+    /// `Method` order.
     struct OwnMethods {
         tp: *mut ffi::PyTypeObject,
-        dict_offset: isize,
+        attributes: Attributes,
         methods: [Py<PyAny>; 5],
     }
 
@@ -1122,8 +1180,8 @@ pub(crate) mod futures {
     // SAFETY: as for Send.
     unsafe impl Sync for OwnMethods {}
 
-    /// None without the C future type, or when its objects keep their dict
-    /// where this cannot tell (a managed dict).
+    /// None without the C future type, or when this cannot tell where its
+    /// objects keep their attributes.
     fn own_methods(py: Python<'_>) -> Option<&OwnMethods> {
         static OWN: PyOnceLock<Option<OwnMethods>> = PyOnceLock::new();
         OWN.get_or_init(py, || {
@@ -1131,19 +1189,30 @@ pub(crate) mod futures {
             let tp = ty.as_type_ptr();
             // SAFETY: a live type object; its fields are only read.
             let (flags, dict_offset) = unsafe { ((*tp).tp_flags, (*tp).tp_dictoffset) };
-            if flags & ffi::Py_TPFLAGS_MANAGED_DICT != 0 || dict_offset < 0 {
+            let attributes = if flags & ffi::Py_TPFLAGS_MANAGED_DICT != 0 {
+                #[cfg(Py_3_13)]
+                {
+                    Attributes::Managed
+                }
+                #[cfg(not(Py_3_13))]
                 return None;
-            }
+            } else if dict_offset > 0 {
+                Attributes::DictAt(dict_offset)
+            } else if dict_offset == 0 {
+                Attributes::None
+            } else {
+                return None;
+            };
             let found: Vec<Py<PyAny>> = METHODS.iter().filter_map(|n| ty.getattr(*n).ok().map(Bound::unbind)).collect();
-            Some(OwnMethods { tp, dict_offset, methods: found.try_into().ok()? })
+            Some(OwnMethods { tp, attributes, methods: found.try_into().ok()? })
         })
         .as_ref()
     }
 
     /// `fut.method(*arg)` through the C future type's own method when that
     /// is what a lookup on `fut` would find: `fut` is exactly of that type
-    /// and has no instance dict, where an assignment such as
-    /// `fut.set_result = ...` would shadow it. That skips the lookup (about
+    /// and has no attribute of its own, as an assignment such as
+    /// `fut.set_result = ...` makes. That skips the lookup (about
     /// 150 instructions a call). None when the method must be looked up on
     /// `fut`.
     #[inline]
@@ -1153,14 +1222,9 @@ pub(crate) mod futures {
         arg: Option<&Bound<'py, PyAny>>,
     ) -> Option<PyResult<Bound<'py, PyAny>>> {
         let own = own_methods(fut.py())?;
-        // SAFETY: `fut` is a live object; its dict slot is read only when it
-        // is exactly of the C future type, whose objects hold one at
-        // `dict_offset` (when not 0).
-        let plain = unsafe {
-            ffi::Py_TYPE(fut.as_ptr()) == own.tp
-                && (own.dict_offset == 0
-                    || (*((fut.as_ptr() as *const u8).offset(own.dict_offset) as *const *mut ffi::PyObject)).is_null())
-        };
+        // SAFETY: `fut` is a live object, asked for its attributes only
+        // when it is exactly of the type `attributes` describes.
+        let plain = unsafe { ffi::Py_TYPE(fut.as_ptr()) == own.tp && own.attributes.none_on(fut.as_ptr()) };
         if !plain {
             return None;
         }
