@@ -2,8 +2,10 @@
 # Sets up, runs the style and static checks (tools/lint.sh), builds and runs
 # the whole test suite (tests/ and the benchmark bodies in benchmarks/ as
 # plain tests) on a release build, with the CI selection of the upstream
-# suites (CPython's, uvloop's, AnyIO's, aiohttp's, asyncssh's and uvicorn's own tests on zuvrs,
-# checked against tests/upstream/ratchet.json), then the whole suite again
+# suites (CPython's, uvloop's, AnyIO's, aiohttp's, asyncssh's, uvicorn's,
+# redis-py's and aioftp's own tests on zuvrs, checked against
+# tests/upstream/ratchet.json; redis-py's and aioftp's once more with native
+# streams), then the whole suite again
 # on a debug build (Rust debug assertions on, and NativeCell's checks of
 # every native state access).
 set -euo pipefail
@@ -17,5 +19,9 @@ for profile in release debug; do
     if [ "$profile" = release ]; then
         echo "== upstream suites, CI selection (release build)"
         tools/upstream.sh --ci
+        # The suites whose libraries read and write through asyncio's
+        # streams, again with zuvrs.streams.install(): the same ratchet.
+        echo "== upstream stream suites with native streams (release build)"
+        tools/upstream.sh --ci --no-install --native-streams --suite redis --suite aioftp
     fi
 done

@@ -41,6 +41,12 @@ Suites (``--suite``, repeatable; default all):
               fault injector) is left out. The client reads and writes
               through asyncio's streams, so this suite is the one to run
               with ``--native-streams``.
+  aioftp      aioftp's tests from the sdist of the installed aioftp
+              (tests/upstream/requirements.txt pins it): an FTP client and
+              server in one process, talking through asyncio's
+              ``open_connection`` and ``start_server`` streams (plain and
+              TLS, IPv4 and IPv6), so, like redis, one to run with
+              ``--native-streams``.
   websockets  websockets' asyncio and legacy tests. websockets' sdists do not
               ship its tests (its MANIFEST.in prunes them), so this suite
               needs a source tree of websockets: ``--websockets-src DIR`` (a
@@ -124,7 +130,7 @@ RATCHET = os.path.join(HERE, "ratchet.json")
 RESULTS_MD = os.path.join(HERE, "RESULTS.md")
 CPYTHON_RUNNER = os.path.join(ROOT, "tests", "cpython", "run_cpython_suite.py")
 
-SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "asyncssh", "uvicorn", "redis", "websockets")
+SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "asyncssh", "uvicorn", "redis", "aioftp", "websockets")
 LOOPS = ("zuvrs", "asyncio", "uvloop")
 COLUMNS = ("passed", "failed", "errors", "skipped")
 
@@ -216,6 +222,8 @@ CI_SELECTION = {
     ],
     # The whole selection (about a minute).
     "redis": None,
+    # The whole suite (about 10 s): a client and server on asyncio's streams.
+    "aioftp": None,
 }
 
 # Per-test limits, seconds: pytest-timeout's (raises in the test), then the
@@ -686,6 +694,16 @@ def suite_redis(loops, files, args):
     return results, source, notes + more
 
 
+def suite_aioftp(loops, files, args):
+    # Its pyproject's addopts stop at the first failure (-x) and measure
+    # coverage; keep its import mode and its "-p no:anyio". Its tests are
+    # pytest-asyncio's, in strict mode (its ini option).
+    return sdist_suite(
+        "aioftp", loops, files,
+        ["-o", "addopts=--import-mode=importlib", "-p", "no:anyio", "-p", "no:codspeed"],
+        ["tests"], drop=("src",), plugins=("asyncio",))
+
+
 def suite_websockets(loops, files, args):
     src = args.websockets_src
     if not src:
@@ -759,6 +777,7 @@ SUITE_FUNCS = {
     "asyncssh": suite_asyncssh,
     "uvicorn": suite_uvicorn,
     "redis": suite_redis,
+    "aioftp": suite_aioftp,
     "websockets": suite_websockets,
 }
 
@@ -845,6 +864,9 @@ SUITE_NOTES = {
              "left out: what needs a cluster, the Redis Stack modules, the fault injector or Entra "
              "ID's libraries. The failures on every loop are commands and options this server "
              "version does not have, and the sentinels a few tests expect.",
+    "aioftp": "Its tests/ (pytest-asyncio, strict mode) without its pyproject's -x and coverage "
+              "options. Its client imports open_connection by name when it is imported, after "
+              "the harness's install() under --native-streams, so both ends use native streams then.",
     "websockets": "Its tests/asyncio and tests/legacy, from a source tree (websockets' sdists "
                   "ship no tests), run with WEBSOCKETS_TESTS_TIMEOUT_FACTOR=5.",
 }
