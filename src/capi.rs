@@ -399,6 +399,145 @@ unsafe extern "C" fn resume_next<T: Resumable>(slf: *mut pyo3::ffi::PyObject) ->
     }
 }
 
+/// C entries of their own for the native streams' per-read and per-write
+/// methods (`read`, `readexactly`, `write`, `drain`, ...), in place of
+/// pyo3's: a call with positional arguments only, as many as the method
+/// takes, goes straight to its Rust body; any other call (keywords, a
+/// wrong count) goes to the method pyo3 made, kept aside, so its argument
+/// handling and errors are unchanged.
+pub(crate) mod methods {
+    use std::ffi::{CStr, CString};
+    use std::sync::OnceLock;
+
+    use pyo3::ffi;
+    use pyo3::prelude::*;
+    use pyo3::Borrowed;
+    use smallvec::SmallVec;
+
+    /// A method with a C entry: `call` is its body for `MIN..=MAX`
+    /// arguments (at most one), given by position or, if the method takes
+    /// one, by the name `PARAMETER`. The argument is as given: a None is
+    /// None, which pyo3's handling of an optional parameter would take for
+    /// the parameter's default (asyncio's `read(None)` is a TypeError).
+    pub(crate) trait CMethod: 'static {
+        type Class: pyo3::PyClass;
+        const NAME: &'static CStr;
+        const MIN: usize;
+        const MAX: usize;
+        const PARAMETER: &'static CStr;
+        fn call<'py>(slf: &Bound<'py, Self::Class>, arg: Option<Borrowed<'_, 'py, PyAny>>) -> PyResult<Py<PyAny>>;
+        /// Where install() keeps the method pyo3 made (a static of the
+        /// implementation's own).
+        fn original() -> &'static OnceLock<Py<PyAny>>;
+    }
+
+    /// `c_method!(Marker: Class, c"name"(c"parameter") MIN..=MAX, |slf, arg| body)`:
+    /// a `CMethod` named `Marker` whose call is `body` (`c""`: no parameter).
+    macro_rules! c_method {
+        ($marker:ident: $class:ty, $name:literal($parameter:literal) $min:literal..=$max:literal, |$slf:ident, $arg:ident| $body:expr) => {
+            pub(super) struct $marker;
+            impl $crate::capi::methods::CMethod for $marker {
+                type Class = $class;
+                const NAME: &'static ::std::ffi::CStr = $name;
+                const MIN: usize = $min;
+                const MAX: usize = $max;
+                const PARAMETER: &'static ::std::ffi::CStr = $parameter;
+                fn call<'py>(
+                    $slf: &::pyo3::Bound<'py, $class>,
+                    $arg: Option<::pyo3::Borrowed<'_, 'py, ::pyo3::PyAny>>,
+                ) -> ::pyo3::PyResult<::pyo3::Py<::pyo3::PyAny>> {
+                    $body
+                }
+                fn original() -> &'static ::std::sync::OnceLock<::pyo3::Py<::pyo3::PyAny>> {
+                    static ORIGINAL: ::std::sync::OnceLock<::pyo3::Py<::pyo3::PyAny>> = ::std::sync::OnceLock::new();
+                    &ORIGINAL
+                }
+            }
+        };
+    }
+    pub(crate) use c_method;
+
+    /// Puts `M`'s C entry on its class in place of pyo3's method, with
+    /// that method's signature and doc.
+    pub(crate) fn install<M: CMethod>(py: Python<'_>) -> PyResult<()> {
+        const { assert!(M::MIN <= M::MAX && M::MAX <= 1) };
+        let ty = py.get_type::<M::Class>();
+        let name = M::NAME.to_str().expect("ascii");
+        let original = ty.getattr(name)?;
+        let signature: Option<String> = original.getattr("__text_signature__")?.extract()?;
+        let doc: Option<String> = original.getattr("__doc__")?.extract()?;
+        let text = format!(
+            "{name}{}\n--\n\n{}",
+            signature.unwrap_or_else(|| "($self, /, *args, **kwargs)".into()),
+            doc.unwrap_or_default()
+        );
+        // The type keeps pointers to the def and its doc for its life:
+        // leaked on purpose (a few small structs per process).
+        let doc: &'static CStr = Box::leak(CString::new(text).expect("no NUL").into_boxed_c_str());
+        let def: &'static mut ffi::PyMethodDef = Box::leak(Box::new(ffi::PyMethodDef {
+            ml_name: M::NAME.as_ptr(),
+            ml_meth: ffi::PyMethodDefPointer { PyCFunctionFastWithKeywords: entry::<M> },
+            ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+            ml_doc: doc.as_ptr(),
+        }));
+        // SAFETY: the type object is a live heap type; the def is 'static.
+        let descr = unsafe { ffi::PyDescr_NewMethod(ty.as_ptr() as *mut ffi::PyTypeObject, def) };
+        if descr.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        // SAFETY: a new reference, checked for NULL above.
+        let descr = unsafe { Bound::from_owned_ptr(py, descr) };
+        // First install only (a second module init finds its own entry).
+        if M::original().set(original.unbind()).is_ok() {
+            ty.setattr(name, descr)?;
+        }
+        Ok(())
+    }
+
+    /// The C entry: the fast call shape to `M::call`, anything else to the
+    /// method pyo3 made.
+    unsafe extern "C" fn entry<M: CMethod>(
+        slf: *mut ffi::PyObject,
+        args: *const *mut ffi::PyObject,
+        nargsf: ffi::Py_ssize_t,
+        kwnames: *mut ffi::PyObject,
+    ) -> *mut ffi::PyObject {
+        // SAFETY: CPython calls a method descriptor's entry with the GIL
+        // held, `slf` an instance of the descriptor's class (it checks),
+        // and vectorcall's arguments: `nargs` positional ones, then one
+        // per name in `kwnames` (NULL or a tuple), alive for the call.
+        unsafe {
+            let py = Python::assume_attached();
+            let nargs = ffi::PyVectorcall_NARGS(nargsf as usize) as usize;
+            let by_name = !kwnames.is_null()
+                && nargs == 0
+                && M::MAX == 1
+                && ffi::PyTuple_GET_SIZE(kwnames) == 1
+                && ffi::PyUnicode_CompareWithASCIIString(ffi::PyTuple_GET_ITEM(kwnames, 0), M::PARAMETER.as_ptr()) == 0;
+            let result = if by_name || (kwnames.is_null() && (M::MIN..=M::MAX).contains(&nargs)) {
+                let obj = Borrowed::from_ptr(py, slf).cast_unchecked::<M::Class>();
+                let arg = (nargs == 1 || by_name).then(|| Borrowed::from_ptr(py, *args));
+                M::call(&obj, arg)
+            } else {
+                let nkw = if kwnames.is_null() { 0 } else { ffi::PyTuple_GET_SIZE(kwnames) as usize };
+                let mut stack: SmallVec<[*mut ffi::PyObject; 6]> = SmallVec::with_capacity(1 + nargs + nkw);
+                stack.push(slf);
+                stack.extend_from_slice(std::slice::from_raw_parts(args, nargs + nkw));
+                let original = M::original().get().expect("installed before its entry is reachable");
+                let out = ffi::PyObject_Vectorcall(original.as_ptr(), stack.as_ptr(), 1 + nargs, kwnames);
+                Bound::from_owned_ptr_or_err(py, out).map(Bound::unbind)
+            };
+            match result {
+                Ok(obj) => obj.into_ptr(),
+                Err(err) => {
+                    err.restore(py);
+                    std::ptr::null_mut()
+                }
+            }
+        }
+    }
+}
+
 // ---- end of section: streams ----
 
 // ---- section: Unix socket paths and accepted connections (net) ----

@@ -758,6 +758,80 @@ def test_writer_api_as_asyncio(loop, streams):
     run(loop, main())
 
 
+# Each read called as a user might: by position, by keyword, with None
+# (asyncio's reads take no None for their size or separator: a TypeError
+# when awaited), with a wrong type, or with a wrong count (TypeError at the
+# call). What each gives, and what is left to read after it.
+READ_CALLS = [
+    ("read", (2,), {}),
+    ("read", (), {"n": 2}),
+    ("read", (None,), {}),
+    ("read", (), {"n": None}),
+    ("read", (1.5,), {}),
+    ("read", (1, 2), {}),
+    ("read", (), {"size": 1}),
+    ("readexactly", (2,), {}),
+    ("readexactly", (), {"n": 2}),
+    ("readexactly", (None,), {}),
+    ("readexactly", (), {}),
+    ("readexactly", (1,), {"n": 1}),
+    ("readline", (), {}),
+    ("readline", (1,), {}),
+    ("readuntil", (b"c",), {}),
+    ("readuntil", (), {"separator": b"c"}),
+    ("readuntil", (None,), {}),
+    ("readuntil", (), {"separator": None}),
+    ("readuntil", ("c",), {}),
+]
+
+
+def test_read_argument_shapes_as_asyncio(loop):
+    async def outcomes(streams):
+        reader = streams.StreamReader(loop=asyncio.get_running_loop())
+        reader.feed_data(b"abc\n" * len(READ_CALLS))
+        seen = []
+        for name, args, kwargs in READ_CALLS:
+            try:
+                awaitable = getattr(reader, name)(*args, **kwargs)
+            except TypeError:
+                seen.append((name, "TypeError at the call"))
+                continue
+            try:
+                seen.append((name, await asyncio.wait_for(awaitable, TIMEOUT)))
+            except Exception as exc:
+                seen.append((name, type(exc).__name__))
+            seen.append(("left", len(reader._buffer)))
+        return seen
+
+    async def main():
+        return await outcomes(asyncio), await outcomes(zs)
+
+    expected, native = run(loop, main())
+    assert native == expected
+    assert ("read", "TypeError") in expected and ("read", b"ab") in expected
+
+
+def test_write_argument_shapes_as_asyncio(loop, streams):
+    async def main():
+        server, (reader, writer), (peer_reader, peer_writer) = await connected_streams(streams)
+        writer.write(data=b"a")
+        writer.writelines(data=[b"b", b"c"])
+        for call in (lambda: writer.write(), lambda: writer.write(b"x", b"y"), lambda: writer.drain(1),
+                     lambda: writer.writelines(), lambda: writer.write(dat=b"x")):
+            with pytest.raises(TypeError):
+                call()
+        writer.write(b"\n")
+        await writer.drain()
+        assert await peer_reader.readline() == b"abc\n"
+        writer.close()
+        await writer.wait_closed()
+        peer_writer.close()
+        server.close()
+        await server.wait_closed()
+
+    run(loop, main())
+
+
 def test_handler_exception_is_reported_and_closes(loop, streams):
     if not PY311:
         pytest.skip("3.10's start_server does not report a failed handler")

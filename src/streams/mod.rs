@@ -63,5 +63,6 @@ pub(crate) fn register(m: &Bound<'_, pyo3::types::PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(patched::asyncio_patch_looks, m)?)?;
     protocol::register(m)?;
     ops::install_slots(m.py());
-    Ok(())
+    reader::install_entries(m.py())?;
+    writer::install_entries(m.py())
 }

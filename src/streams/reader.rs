@@ -309,3 +309,37 @@ impl ReaderCore {
         drop(old);
     }
 }
+
+/// The reads' C entries (capi::methods): one call per read, pyo3's
+/// argument handling skipped for the positional call shape.
+mod entries {
+    use pyo3::prelude::*;
+    use pyo3::Borrowed;
+
+    use super::ReaderCore;
+    use crate::capi::methods::c_method;
+
+    fn owned(arg: Option<Borrowed<'_, '_, PyAny>>) -> Option<Py<PyAny>> {
+        arg.map(|a| a.to_owned().unbind())
+    }
+
+    c_method!(Read: ReaderCore, c"read"(c"n") 0..=1, |slf, arg| ReaderCore::read(slf, owned(arg)));
+    c_method!(ReadExactly: ReaderCore, c"readexactly"(c"n") 1..=1, |slf, arg| ReaderCore::readexactly(
+        slf,
+        owned(arg).expect("one argument")
+    ));
+    c_method!(ReadLine: ReaderCore, c"readline"(c"") 0..=0, |slf, _arg| ReaderCore::readline(slf));
+    c_method!(ReadUntil: ReaderCore, c"readuntil"(c"separator") 0..=1, |slf, arg| ReaderCore::readuntil(
+        slf,
+        owned(arg)
+    ));
+}
+
+/// Puts the reads' C entries on the reader's class.
+pub(super) fn install_entries(py: Python<'_>) -> PyResult<()> {
+    use crate::capi::methods::install;
+    install::<entries::Read>(py)?;
+    install::<entries::ReadExactly>(py)?;
+    install::<entries::ReadLine>(py)?;
+    install::<entries::ReadUntil>(py)
+}

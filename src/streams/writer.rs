@@ -278,3 +278,22 @@ impl WriterCore {
         drop(old);
     }
 }
+
+/// The writes' C entries (capi::methods): one call per write, pyo3's
+/// argument handling skipped for the positional call shape.
+mod entries {
+    use super::WriterCore;
+    use crate::capi::methods::c_method;
+
+    c_method!(Write: WriterCore, c"write"(c"data") 1..=1, |slf, arg| WriterCore::write(slf, &arg.expect("one argument")));
+    c_method!(WriteLines: WriterCore, c"writelines"(c"data") 1..=1, |slf, arg| WriterCore::writelines(slf, &arg.expect("one argument")));
+    c_method!(Drain: WriterCore, c"drain"(c"") 0..=0, |slf, _arg| WriterCore::drain(slf));
+}
+
+/// Puts the writes' C entries on the writer's class.
+pub(super) fn install_entries(py: Python<'_>) -> PyResult<()> {
+    use crate::capi::methods::install;
+    install::<entries::Write>(py)?;
+    install::<entries::WriteLines>(py)?;
+    install::<entries::Drain>(py)
+}
