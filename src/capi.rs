@@ -1328,7 +1328,15 @@ pub(crate) mod futures {
             let tp = ty.as_type_ptr();
             // SAFETY: a live type object; its fields are only read.
             let (flags, dict_offset) = unsafe { ((*tp).tp_flags, (*tp).tp_dictoffset) };
-            let attributes = if flags & ffi::Py_TPFLAGS_MANAGED_DICT != 0 {
+            // (The flag is 3.11's; before it a dict is at tp_dictoffset.)
+            #[cfg(Py_3_11)]
+            let managed = flags & ffi::Py_TPFLAGS_MANAGED_DICT != 0;
+            #[cfg(not(Py_3_11))]
+            let managed = {
+                let _ = flags;
+                false
+            };
+            let attributes = if managed {
                 #[cfg(Py_3_13)]
                 {
                     Attributes::Managed

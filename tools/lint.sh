@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The style and static checks tools/test.sh runs before the suite:
 # rustfmt, clippy (warnings are errors; every unsafe block documented),
-# the Rust unit tests, ruff, and mypy over the package and its stubs.
+# clippy again for each Python version the code supports, the Rust unit
+# tests, ruff, and mypy over the package and its stubs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=$PWD/.venv/bin/python
@@ -16,6 +17,25 @@ if have_component fmt rustfmt; then cargo fmt --check; else echo "   (rustfmt is
 echo "== cargo clippy -D warnings"
 if have_component clippy clippy; then
     cargo clippy --quiet --release --all-targets -- -D warnings
+else
+    echo "   (clippy is not installed for this toolchain: skipped)"
+fi
+
+echo "== cargo clippy for every supported Python (3.10 to 3.14)"
+# CI builds for the venv's Python only: the code gated on other versions
+# (#[cfg(Py_3_xx)]) is compiled here against pyo3's description of each
+# version, with no interpreter needed (PYO3_CONFIG_FILE), in a target
+# directory of its own.
+if have_component clippy clippy; then
+    configs=target/pyo3-configs
+    mkdir -p "$configs"
+    for version in 3.10 3.11 3.12 3.13 3.14; do
+        printf 'implementation=CPython\nversion=%s\nshared=true\nabi3=false\npointer_width=64\nsuppress_build_script_link_lines=false\n' \
+            "$version" > "$configs/$version.txt"
+        echo "   $version"
+        PYO3_CONFIG_FILE=$PWD/$configs/$version.txt CARGO_TARGET_DIR=target/versions \
+            cargo clippy --quiet --lib --features pyo3/extension-module -- -D warnings
+    done
 else
     echo "   (clippy is not installed for this toolchain: skipped)"
 fi
