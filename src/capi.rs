@@ -401,10 +401,10 @@ unsafe extern "C" fn resume_next<T: Resumable>(slf: *mut pyo3::ffi::PyObject) ->
 
 /// C entries of their own for the native streams' per-read and per-write
 /// methods (`read`, `readexactly`, `write`, `drain`, ...), in place of
-/// pyo3's: a call with positional arguments only, as many as the method
-/// takes, goes straight to its Rust body; any other call (keywords, a
-/// wrong count) goes to the method pyo3 made, kept aside, so its argument
-/// handling and errors are unchanged.
+/// pyo3's: a call with the method's argument given by position or by its
+/// name goes straight to its Rust body; any other call (a wrong count, an
+/// unknown keyword) goes to the method pyo3 made, kept aside, so its
+/// errors are unchanged.
 pub(crate) mod methods {
     use std::ffi::{CStr, CString};
     use std::sync::OnceLock;

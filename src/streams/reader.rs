@@ -311,7 +311,7 @@ impl ReaderCore {
 }
 
 /// The reads' C entries (capi::methods): one call per read, pyo3's
-/// argument handling skipped for the positional call shape.
+/// argument handling skipped for a call by position or by name.
 mod entries {
     use pyo3::prelude::*;
     use pyo3::Borrowed;

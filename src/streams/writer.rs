@@ -280,7 +280,7 @@ impl WriterCore {
 }
 
 /// The writes' C entries (capi::methods): one call per write, pyo3's
-/// argument handling skipped for the positional call shape.
+/// argument handling skipped for a call by position or by name.
 mod entries {
     use super::WriterCore;
     use crate::capi::methods::c_method;
