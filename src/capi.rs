@@ -474,24 +474,34 @@ pub(crate) mod methods {
         // The type keeps pointers to the def and its doc for its life:
         // leaked on purpose (a few small structs per process).
         let doc: &'static CStr = Box::leak(CString::new(text).expect("no NUL").into_boxed_c_str());
-        let def: &'static mut ffi::PyMethodDef = Box::leak(Box::new(ffi::PyMethodDef {
-            ml_name: M::NAME.as_ptr(),
-            ml_meth: ffi::PyMethodDefPointer { PyCFunctionFastWithKeywords: entry::<M> },
-            ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-            ml_doc: doc.as_ptr(),
-        }));
-        // SAFETY: the type object is a live heap type; the def is 'static.
-        let descr = unsafe { ffi::PyDescr_NewMethod(ty.as_ptr() as *mut ffi::PyTypeObject, def) };
-        if descr.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        // SAFETY: a new reference, checked for NULL above.
-        let descr = unsafe { Bound::from_owned_ptr(py, descr) };
+        let descr = method_descriptor(
+            &ty,
+            ffi::PyMethodDef {
+                ml_name: M::NAME.as_ptr(),
+                ml_meth: ffi::PyMethodDefPointer { PyCFunctionFastWithKeywords: entry::<M> },
+                ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+                ml_doc: doc.as_ptr(),
+            },
+        )?;
         // First install only (a second module init finds its own entry).
         if M::original().set(original.unbind()).is_ok() {
             ty.setattr(name, descr)?;
         }
         Ok(())
+    }
+
+    /// A method descriptor of `ty` for `def` (its name and doc must be
+    /// 'static). The def itself is leaked: the descriptor points at it for
+    /// the life of the type (a few small structs per process).
+    pub(crate) fn method_descriptor<'py>(
+        ty: &Bound<'py, pyo3::types::PyType>,
+        def: ffi::PyMethodDef,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let def: &'static mut ffi::PyMethodDef = Box::leak(Box::new(def));
+        // SAFETY: the type object is a live heap type; the def is 'static.
+        let descr = unsafe { ffi::PyDescr_NewMethod(ty.as_ptr() as *mut ffi::PyTypeObject, def) };
+        // SAFETY: a new reference, or NULL with an exception set.
+        unsafe { Bound::from_owned_ptr_or_err(ty.py(), descr) }
     }
 
     /// The C entry: the fast call shape to `M::call`, anything else to the

@@ -505,18 +505,9 @@ pub(crate) fn install_fast_methods(py: Python<'_>) -> PyResult<()> {
     ];
     let ty = py.get_type::<LoopCore>();
     for def in defs {
-        // The descriptor keeps a pointer to its PyMethodDef for the life of
-        // the type: leak it deliberately (a few small structs per process).
-        let def: &'static mut ffi::PyMethodDef = Box::leak(Box::new(def));
-        // SAFETY: the type object is a live heap type; the def is 'static.
-        let descr = unsafe { ffi::PyDescr_NewMethod(ty.as_ptr() as *mut ffi::PyTypeObject, def) };
-        if descr.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        // SAFETY: a new reference, checked for NULL above.
-        let descr = unsafe { Bound::from_owned_ptr(py, descr) };
         // SAFETY: ml_name is one of the static C strings above.
         let name = unsafe { CStr::from_ptr(def.ml_name) }.to_str().expect("ascii");
+        let descr = crate::capi::methods::method_descriptor(&ty, def)?;
         ty.setattr(name, descr)?;
     }
     Ok(())
