@@ -20,6 +20,32 @@ from _support import LOOP_NAMES, LoopFactory  # noqa: E402
 WATCHDOG_SECONDS = 120
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--zuvrs-only", action="store_true",
+        help="deselect the stdlib loop's half of the parity tests (a run that checks another build of "
+             "zuvrs, such as the debug build: that half tests nothing of it)",
+    )
+
+
+def _on_the_stdlib_loop_only(item):
+    """A parity test's stdlib half: run on asyncio's loop, with asyncio's
+    streams (the native streams on asyncio's loop are zuvrs code)."""
+    params = getattr(item, "callspec", None)
+    params = params.params if params else {}
+    loop = params.get("loop_factory", params.get("loop_name"))
+    return loop == "asyncio" and params.get("streams") != "native"
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--zuvrs-only"):
+        return
+    dropped = [item for item in items if _on_the_stdlib_loop_only(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not _on_the_stdlib_loop_only(item)]
+
+
 @pytest.fixture(autouse=True)
 def _watchdog(request):
     if request.config.getini("faulthandler_timeout"):

@@ -179,6 +179,12 @@ class _Str(str):
     pass
 
 
+def _case_id(args):
+    """repr, but a memoryview by its bytes: a test's id must be the same in
+    every process that collects it (pytest-xdist's workers)."""
+    return repr(tuple(f"memoryview({a.tobytes()!r})" if isinstance(a, memoryview) else a for a in args))
+
+
 GETADDRINFO_CASES = [
     ("127.0.0.1", 80),
     ("::1", 80),
@@ -231,7 +237,7 @@ def _outcome_of(call):
         return ("raised", type(exc), str(exc))
 
 
-@pytest.mark.parametrize("args", GETADDRINFO_CASES, ids=repr)
+@pytest.mark.parametrize("args", GETADDRINFO_CASES, ids=_case_id)
 def test_getaddrinfo_matches_socket_module(loop, args):
     expected = _outcome_of(lambda: socket.getaddrinfo(*args))
 

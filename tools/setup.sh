@@ -6,7 +6,7 @@
 # the same tests), wrk (the HTTP benchmarks' load generator, http and
 # https), redis-server (the redis benchmarks start their own), and a
 # virtualenv in .venv with maturin,
-# pytest, pytest-codspeed, the loops we compare with, the applications the
+# pytest, pytest-xdist (tools/test.sh runs a worker per core), pytest-codspeed, the loops we compare with, the applications the
 # tests serve (uvicorn, aiohttp) with their clients, the servers and test
 # plugins the integrations are tested with (gunicorn and its uvicorn worker,
 # hypercorn, pytest-asyncio, pytest-aiohttp, anyio's plugin), redis-py and
@@ -39,7 +39,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "== installing Python packages"
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-    "maturin>=1.5,<2" "pytest>=7" "pytest-codspeed>=3" uvloop rloop \
+    "maturin>=1.5,<2" "pytest>=7" "pytest-xdist>=3" "pytest-codspeed>=3" uvloop rloop \
     uvicorn httptools httpx aiohttp websockets cryptography \
     gunicorn uvicorn-worker hypercorn pytest-asyncio pytest-aiohttp anyio \
     redis hiredis ruff mypy typing-extensions prometheus_client hypothesis

@@ -392,10 +392,12 @@ def _kill_group(proc):
         pass
 
 
-# pytest plugins the project's venv has that the suites do not use
-# (pytest-asyncio, pytest-aiohttp): they would take over async tests and
-# loops. A suite that does use one keeps it (``plugins``).
-VENV_PLUGINS = ("asyncio", "aiohttp")
+# pytest plugins the project's venv has that the suites do not use:
+# pytest-asyncio and pytest-aiohttp would take over async tests and loops,
+# and pytest-xdist (the project's own tests' workers) would take the
+# options some suites' configurations give it. A suite that does use one
+# keeps it (``plugins``).
+VENV_PLUGINS = ("asyncio", "aiohttp", "xdist")
 
 
 def run_pytest(label, cwd, args, env_extra, budget, test_timeout=TEST_TIMEOUT, watchdog=WATCHDOG, plugins=()):
