@@ -94,7 +94,8 @@ Usage::
                                              #   asyncssh ~55 (uvloop's hangs take its 45-minute
                                              #   budget; ~6 on the other loops), uvloop ~9,
                                              #   cpython ~7, anyio ~5, uvicorn ~7)
-    tools/upstream.sh --ci                   # the CI subset, zuvrs only (about 9 minutes)
+    tools/upstream.sh --ci                   # the CI subset, zuvrs only (about 10 minutes)
+    tools/upstream.sh --ci --jobs 2          # the same, two suites at a time (about 5.5; what CI runs)
     tools/upstream.sh --suite uvloop --loop zuvrs,asyncio
     tools/upstream.sh --suite anyio --file test_taskgroups.py
     tools/upstream.sh --update-ratchet       # after a full run's worth of improvements
@@ -104,6 +105,7 @@ Usage::
 
 import argparse
 import collections
+import concurrent.futures
 import contextlib
 import datetime
 import glob
@@ -132,6 +134,11 @@ CPYTHON_RUNNER = os.path.join(ROOT, "tests", "cpython", "run_cpython_suite.py")
 
 SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "asyncssh", "uvicorn", "redis", "aioftp", "websockets")
 LOOPS = ("zuvrs", "asyncio", "uvloop")
+# The suites by how long their CI selection takes (--jobs starts the
+# longest first): asyncssh about 3 minutes, uvicorn and CPython's 1.5,
+# redis-py's 1.3, uvloop's and aiohttp's 1, AnyIO's 0.5, aioftp's 0.3.
+LONGEST_FIRST = ("asyncssh", "uvicorn", "cpython", "redis", "uvloop", "aiohttp", "anyio", "aioftp", "websockets")
+assert sorted(LONGEST_FIRST) == sorted(SUITES)
 COLUMNS = ("passed", "failed", "errors", "skipped")
 
 # What --ci runs (zuvrs only): suite -> files (None: the whole suite).
@@ -141,8 +148,8 @@ COLUMNS = ("passed", "failed", "errors", "skipped")
 # (results vary from run to run on every loop, with the sandbox's IPv6) and
 # test_pytest_plugin.py (slow, pytester); most of aiohttp's (its whole suite
 # takes about 20 minutes per loop; its parser and helper tests do not depend
-# on the loop). The selection takes about 9 minutes (asyncssh's part
-# about 2.5, uvicorn's 1.5; pip install and the sdists' download add a few seconds on a fresh
+# on the loop). The selection takes about 10 minutes (asyncssh's part
+# about 3, uvicorn's 1.5; pip install and the sdists' download add a few seconds on a fresh
 # machine).
 CI_SELECTION = {
     "cpython": None,
@@ -1058,6 +1065,8 @@ def main(argv=None):
     p.add_argument("--websockets-src", help="a websockets source tree (its sdists have no tests)")
     p.add_argument("--websockets-timeout-factor", type=float, default=5.0,
                    help="WEBSOCKETS_TESTS_TIMEOUT_FACTOR for its tests (default 5: this machine is slow)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="run this many suites at once (default 1; each suite's tests still run one at a time)")
     p.add_argument("--native-streams", action="store_true",
                    help="the zuvrs column with native streams (zuvrs.streams.install(); CPython's suite with the "
                         "classes patched in); with --check, compared with the ratchet of plain zuvrs")
@@ -1090,30 +1099,41 @@ def main(argv=None):
     results, sources, notes, timings = {}, {}, [], {}
     saved = os.path.join(CACHE, "results")
     os.makedirs(saved, exist_ok=True)
-    for suite in suites:
-        if args.report_only:
+
+    def run_suite(suite):
+        t0 = time.monotonic()
+        log(f"== {suite}: {', '.join(loops)}")
+        res, source, n = SUITE_FUNCS[suite](loops, selection[suite], args)
+        seconds = time.monotonic() - t0
+        for note in n:
+            log(f"   note: {note}")
+        if res is not None:
+            if not selection[suite]:
+                for loop, files in res.items():
+                    with open(os.path.join(saved, f"{suite}.{loop}.json"), "w") as f:
+                        json.dump({"source": source, "notes": n, "commit": git_commit(),
+                                   "seconds": round(seconds), "files": files}, f)
+            log(f"== {suite}: {seconds:.0f}s\n" + text_table(suite, source, res, loops))
+        return res, source, n, seconds
+
+    if args.report_only:
+        for suite in suites:
             r, so, n = load_saved([suite], loops)
             results.update(r)
             sources.update(so)
             notes += n
-            continue
-        t0 = time.monotonic()
-        log(f"== {suite}: {', '.join(loops)}")
-        res, source, n = SUITE_FUNCS[suite](loops, selection[suite], args)
-        notes += n
-        for note in n:
-            log(f"   note: {note}")
-        if res is None:
-            continue
-        results[suite], sources[suite] = res, source
-        timings[suite] = time.monotonic() - t0
-        if not selection[suite]:
-            for loop, files in res.items():
-                with open(os.path.join(saved, f"{suite}.{loop}.json"), "w") as f:
-                    json.dump({"source": source, "notes": n, "commit": git_commit(),
-                               "seconds": round(timings[suite]), "files": files}, f)
-        log(f"   {timings[suite]:.0f}s")
-        log(text_table(suite, source, res, loops))
+    else:
+        # With --jobs, the longest suites start first; the tables come in
+        # the usual order at the end either way.
+        order = sorted(suites, key=LONGEST_FIRST.index) if args.jobs > 1 else suites
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            runs = dict(zip(order, pool.map(run_suite, order)))
+        for suite in suites:
+            res, source, n, seconds = runs[suite]
+            notes += n
+            if res is not None:
+                results[suite], sources[suite] = res, source
+                timings[suite] = seconds
 
     notes = list(dict.fromkeys(notes))
     meta = (
