@@ -312,7 +312,8 @@ class Run:
             state = {"received": len(proto.data), "paused_writing": proto.wpaused}
             if tr is not None:
                 state["closing"] = tr.is_closing()
-                if end != "w":
+                # (3.10's read pipe transport has no is_reading(): 3.11 added it.)
+                if end != "w" and (PY311 or self.kind != "pipe"):
                     state["reading"] = tr.is_reading()
                 if end != "r":
                     # How much of a write the kernel takes under back-pressure
