@@ -138,6 +138,22 @@ def policy_restored():
             asyncio.set_event_loop(None)
 
 
+@contextlib.contextmanager
+def one_at_a_time(name):
+    """Held by one test process at a time on this machine (a lock file in
+    the temporary directory): for tests too large to run beside each
+    other in parallel workers."""
+    import fcntl
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), f"zuvrs-tests-{name}.lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 # -- process metrics (Linux) -------------------------------------------------
 
 def rss_bytes():

@@ -11,8 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 tools/lint.sh
-# The tests run in one pytest-xdist worker per core, up to 4 (the largest
-# tests hold several GiB each).
+# The tests run in one pytest-xdist worker per core, up to 4 (the two
+# halves of the 4 GiB write test, which hold several GiB each, take turns:
+# one_at_a_time in tests/_support.py).
 workers=$(nproc 2>/dev/null || echo 2)
 [ "$workers" -le 4 ] || workers=4
 for profile in release debug; do
