@@ -6,12 +6,14 @@ Every test in this directory runs the same body on the stdlib selector loop
 
 import asyncio
 import contextlib
+import fcntl
 import gc
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import warnings
 
@@ -143,9 +145,6 @@ def one_at_a_time(name):
     """Held by one test process at a time on this machine (a lock file in
     the temporary directory): for tests too large to run beside each
     other in parallel workers."""
-    import fcntl
-    import tempfile
-
     with open(os.path.join(tempfile.gettempdir(), f"zuvrs-tests-{name}.lock"), "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:

@@ -40,10 +40,12 @@ def _on_the_stdlib_loop_only(item):
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("--zuvrs-only"):
         return
-    dropped = [item for item in items if _on_the_stdlib_loop_only(item)]
+    kept, dropped = [], []
+    for item in items:
+        (dropped if _on_the_stdlib_loop_only(item) else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if not _on_the_stdlib_loop_only(item)]
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)

@@ -26,13 +26,13 @@ for profile in release debug; do
     .venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" "${only[@]}" tests benchmarks
     if [ "$profile" = release ]; then
         # Two suites at a time: they wait on timers and sockets far more
-        # than they compute (about 10 minutes one at a time, 5.5 so).
+        # than they compute (about 10 minutes one at a time, 5 two at a time).
         echo "== upstream suites, CI selection (release build, two at a time)"
         tools/upstream.sh --ci --jobs 2
         # aioftp's suite, whose client and server read and write through
         # asyncio's streams, again with zuvrs.streams.install(): the same
         # ratchet (about 15 s; redis-py's and the rest of the selection
-        # with --native-streams take another 9 minutes, run by hand).
+        # with --native-streams take another 5 minutes, run by hand).
         echo "== aioftp's suite with native streams (release build)"
         tools/upstream.sh --ci --no-install --native-streams --suite aioftp
     fi
