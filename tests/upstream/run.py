@@ -47,6 +47,13 @@ Suites (``--suite``, repeatable; default all):
               ``open_connection`` and ``start_server`` streams (plain and
               TLS, IPv4 and IPv6), so, like redis, one to run with
               ``--native-streams``.
+  tornado     Tornado's tests (tornado/test/*_test.py, unittest classes that
+              make their loops with ``asyncio.new_event_loop()``) from the
+              sdist of the installed tornado, run from its source tree, where
+              the tests live inside the package. Its IOStream and HTTP
+              client and server sit on ``add_reader`` / ``add_writer``,
+              ``sock_*`` calls, timers, threads, subprocesses and signals, so
+              it judges the loop's lower layers rather than its transports.
   websockets  websockets' asyncio and legacy tests. websockets' sdists do not
               ship its tests (its MANIFEST.in prunes them), so this suite
               needs a source tree of websockets: ``--websockets-src DIR`` (a
@@ -132,12 +139,13 @@ RATCHET = os.path.join(HERE, "ratchet.json")
 RESULTS_MD = os.path.join(HERE, "RESULTS.md")
 CPYTHON_RUNNER = os.path.join(ROOT, "tests", "cpython", "run_cpython_suite.py")
 
-SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "asyncssh", "uvicorn", "redis", "aioftp", "websockets")
+SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "asyncssh", "uvicorn", "redis", "aioftp", "tornado", "websockets")
 LOOPS = ("zuvrs", "asyncio", "uvloop")
 # The suites by how long their CI selection takes (--jobs starts the
 # longest first): asyncssh about 3 minutes, uvicorn and CPython's 1.5,
-# redis-py's 1.3, uvloop's and aiohttp's 1, AnyIO's 0.5, aioftp's 0.3.
-LONGEST_FIRST = ("asyncssh", "uvicorn", "cpython", "redis", "uvloop", "aiohttp", "anyio", "aioftp", "websockets")
+# redis-py's 1.3, tornado's, uvloop's and aiohttp's 1, AnyIO's 0.5, aioftp's 0.3.
+LONGEST_FIRST = ("asyncssh", "uvicorn", "cpython", "redis", "tornado", "uvloop", "aiohttp", "anyio", "aioftp",
+                 "websockets")
 assert sorted(LONGEST_FIRST) == sorted(SUITES)
 COLUMNS = ("passed", "failed", "errors", "skipped")
 
@@ -231,6 +239,8 @@ CI_SELECTION = {
     "redis": None,
     # The whole suite (about 10 s): a client and server on asyncio's streams.
     "aioftp": None,
+    # The whole suite (about a minute).
+    "tornado": None,
 }
 
 # Per-test limits, seconds: pytest-timeout's (raises in the test), then the
@@ -713,6 +723,30 @@ def suite_aioftp(loops, files, args):
         ["tests"], drop=("src",), plugins=("asyncio",))
 
 
+def empty_ini(name):
+    """An empty pytest configuration file for a suite that has none: without
+    one pytest would take the first it finds above the suite's tree (this
+    project's)."""
+    ini = os.path.join(CACHE, f"{name}-pytest.ini")
+    with open(ini, "w") as f:
+        f.write("[pytest]\n")
+    return ini
+
+
+def suite_tornado(loops, files, args):
+    # Its tests are modules of the package (tornado/test/*_test.py), so the
+    # sdist's package stays in the work copy and is what they import (its
+    # optional C speedups unbuilt). Its own runner (tornado.test.runtests)
+    # silences the access log, which the tests expect (harness/
+    # tornado_setup.py does the same), and turns warnings into errors,
+    # which is left to pytest's defaults here, the same on every loop.
+    return sdist_suite(
+        "tornado", loops, files,
+        ["-c", empty_ini("tornado"), "--rootdir", ".", "-o", "python_files=*_test.py",
+         "-p", "no:codspeed", "-p", "tornado_setup"],
+        ["tornado/test"], drop=("docs", "demos"))
+
+
 def suite_websockets(loops, files, args):
     src = args.websockets_src
     if not src:
@@ -727,11 +761,8 @@ def suite_websockets(loops, files, args):
         m = re.search(r'^tag = version = commit = "([^"]+)"', open(vfile).read(), re.M)
         if m:
             version = m.group(1)
-    # websockets has no pytest configuration; without one pytest would take
-    # the first it finds above the tree.
-    ini = os.path.join(CACHE, "websockets-pytest.ini")
-    with open(ini, "w") as f:
-        f.write("[pytest]\n")
+    # websockets has no pytest configuration (see empty_ini).
+    ini = empty_ini("websockets")
     results, notes = {}, []
     for loop in loops:
         recs, n = run_pytest(
@@ -787,6 +818,7 @@ SUITE_FUNCS = {
     "uvicorn": suite_uvicorn,
     "redis": suite_redis,
     "aioftp": suite_aioftp,
+    "tornado": suite_tornado,
     "websockets": suite_websockets,
 }
 
@@ -876,6 +908,9 @@ SUITE_NOTES = {
     "aioftp": "Its tests/ (pytest-asyncio, strict mode) without its pyproject's -x and coverage "
               "options. Its client imports open_connection by name when it is imported, after "
               "the harness's install() under --native-streams, so both ends use native streams then.",
+    "tornado": "Its tornado/test/*_test.py under pytest, from the sdist's source tree, with the "
+               "access log silenced as its own runner does (harness/tornado_setup.py); warnings are "
+               "not made errors here.",
     "websockets": "Its tests/asyncio and tests/legacy, from a source tree (websockets' sdists "
                   "ship no tests), run with WEBSOCKETS_TESTS_TIMEOUT_FACTOR=5.",
 }
