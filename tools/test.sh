@@ -26,7 +26,7 @@ for profile in release debug; do
     .venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" "${only[@]}" tests benchmarks
     if [ "$profile" = release ]; then
         # Two suites at a time: they wait on timers and sockets far more
-        # than they compute (about 10 minutes one at a time, 5 two at a time).
+        # than they compute (about 11 minutes one at a time, 6.5 two at a time).
         echo "== upstream suites, CI selection (release build, two at a time)"
         tools/upstream.sh --ci --jobs 2
         # aioftp's suite, whose client and server read and write through

@@ -101,8 +101,8 @@ Usage::
                                              #   asyncssh ~55 (uvloop's hangs take its 45-minute
                                              #   budget; ~6 on the other loops), uvloop ~9,
                                              #   cpython ~7, anyio ~5, uvicorn ~7)
-    tools/upstream.sh --ci                   # the CI subset, zuvrs only (about 10 minutes)
-    tools/upstream.sh --ci --jobs 2          # the same, two suites at a time (about 5.5; what CI runs)
+    tools/upstream.sh --ci                   # the CI subset, zuvrs only (about 11 minutes)
+    tools/upstream.sh --ci --jobs 2          # the same, two suites at a time (about 6.5; what CI runs)
     tools/upstream.sh --suite uvloop --loop zuvrs,asyncio
     tools/upstream.sh --suite anyio --file test_taskgroups.py
     tools/upstream.sh --update-ratchet       # after a full run's worth of improvements
@@ -156,7 +156,7 @@ COLUMNS = ("passed", "failed", "errors", "skipped")
 # (results vary from run to run on every loop, with the sandbox's IPv6) and
 # test_pytest_plugin.py (slow, pytester); most of aiohttp's (its whole suite
 # takes about 20 minutes per loop; its parser and helper tests do not depend
-# on the loop). The selection takes about 10 minutes (asyncssh's part
+# on the loop). The selection takes about 11 minutes (asyncssh's part
 # about 3, uvicorn's 1.5; pip install and the sdists' download add a few seconds on a fresh
 # machine).
 CI_SELECTION = {
