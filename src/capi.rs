@@ -7,6 +7,44 @@
 //! `handles::pool` and `eventloop::fastcall`. Each section belongs to the
 //! layer that uses it.
 
+// ---- section: releasing Python objects from drops (every layer) ----
+
+/// Attaching to Python from a `Drop`, which may run while the interpreter
+/// finalizes.
+pub(crate) mod attach {
+    use pyo3::ffi;
+    use pyo3::prelude::*;
+
+    /// Runs `f` attached to Python, for a drop that must release a Python
+    /// object or buffer: on this thread's hold of the GIL when it has one,
+    /// else attached by pyo3. None, and `f` not run, when this thread does
+    /// not hold the GIL and the interpreter is past `Py_IsInitialized()`:
+    /// what the drop holds then stays (the process is exiting).
+    ///
+    /// `Python::attach` alone will not do: CPython clears `Py_IsInitialized()`
+    /// at the start of `Py_FinalizeEx` and still deallocates objects after it
+    /// (module teardown, the last collections), with the GIL held by the
+    /// finalizing thread, and pyo3 panics on attaching then unless it already
+    /// counts the thread as attached, which a drop reached from a raw
+    /// `tp_dealloc` or a C method entry does not.
+    pub(crate) fn with_held<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
+        // SAFETY: PyGILState_Check and Py_IsInitialized may be called from
+        // any thread, with or without the GIL; the token is assumed only
+        // when this thread holds the GIL.
+        unsafe {
+            if ffi::PyGILState_Check() == 1 {
+                Some(f(Python::assume_attached()))
+            } else if ffi::Py_IsInitialized() != 0 {
+                Some(Python::attach(f))
+            } else {
+                None
+            }
+        }
+    }
+}
+
+// ---- end of section: attach ----
+
 // ---- section: transports (transport) ----
 
 /// The transports' CPython calls: buffers borrowed from bytes-like objects
@@ -255,8 +293,9 @@ pub(crate) mod transport {
     impl Drop for BufferView {
         fn drop(&mut self) {
             // SAFETY: acquired by PyObject_GetBuffer and released once, with
-            // the GIL (taken if this thread does not hold it).
-            Python::attach(|_py| unsafe { ffi::PyBuffer_Release(&mut *self.0) })
+            // the GIL (taken if this thread does not hold it). Left
+            // unreleased only by a process that is exiting.
+            crate::capi::attach::with_held(|_py| unsafe { ffi::PyBuffer_Release(&mut *self.0) });
         }
     }
 
@@ -995,9 +1034,10 @@ pub(crate) mod handles {
         pub(crate) fn forget(key: usize) {
             let tb = table().remove(&key);
             if let Some(tb) = tb {
-                // Attached already (a handle dies under the GIL): this only
-                // makes the decref immediate rather than queued by pyo3.
-                Python::attach(|_py| drop(tb));
+                // Attached already (a handle dies under the GIL, during
+                // finalization too): the decref is made at once, not queued
+                // by pyo3 for its next attach.
+                crate::capi::attach::with_held(|py| tb.drop_ref(py));
             }
         }
     }

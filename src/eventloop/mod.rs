@@ -834,7 +834,7 @@ impl Drop for LoopCore {
         // A loop dropped without close(): free libuv and the queues anyway.
         let st = self.shared.state.get_mut();
         if st.uv.is_some() || !st.ready.is_empty() || st.timers.len() > 0 {
-            Python::attach(|py| self.free_core(py));
+            crate::capi::attach::with_held(|py| self.free_core(py));
         }
     }
 }
