@@ -1275,6 +1275,11 @@ def tcp_echo_protocol(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, A
 #: periods, so every chunk is the same object, and a received piece's first,
 #: middle and last bytes say whether it sits at the right position.
 BULK_PERIOD = 251
+
+#: asyncio's TLS before 3.11 (sslproto, which zuvrs also uses there) ends a
+#: connection on the peer's close_notify with connection_lost(None) alone,
+#: never eof_received(); from 3.11 the protocol gets eof_received() first.
+TLS_CLOSE_WITHOUT_EOF = sys.version_info < (3, 11)
 BULK_CHUNK = BULK_PERIOD * 1024  # 257,024 bytes
 MIB = 1 << 20
 
@@ -1295,6 +1300,7 @@ class BulkReceiverProtocol(asyncio.Protocol):
         self.pieces = 0
         self.mismatches = 0
         self.saw_eof = False
+        self.lost_cleanly = False
         #: when the last of ``total`` bytes arrived (perf_counter)
         self.t_last = 0.0
 
@@ -1323,7 +1329,13 @@ class BulkReceiverProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Any) -> None:
         if exc is not None:
             self.info.setdefault("server_error", repr(exc))
+        self.lost_cleanly = exc is None
         _set_once(self.done)
+
+    def saw_close(self) -> bool:
+        """The sender's close arrived: as EOF, or on TLS before 3.11 as a
+        clean connection_lost (TLS_CLOSE_WITHOUT_EOF)."""
+        return self.saw_eof or (self.tls and TLS_CLOSE_WITHOUT_EOF and self.lost_cleanly)
 
 
 def _bulk_info(info: Dict[str, Any], r: BulkReceiverProtocol | None, run: _Run,
@@ -1402,7 +1414,7 @@ def _bulk(name: str, loop_factory: LoopFactory, mib: int,
                 await _bounded(writer.wait_closed(), info, "client wait_closed()")
             # the receiver must get every byte and then the close
             seen = await _bounded(done, info, "receiver sees the close")
-            st["receiver_saw_eof"] = seen and bool(receiver and receiver[0].saw_eof)
+            st["receiver_saw_eof"] = seen and bool(receiver and receiver[0].saw_close())
             if not seen:
                 _note_unclosed(info, "the sender's writer", [client_sock])
         finally:
@@ -2051,6 +2063,8 @@ class _HttpServerProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Any) -> None:
         if exc is not None:
             self.info.setdefault("server_lost", repr(exc))
+        else:
+            self.st["server_clean_closes"] += 1
         self.st["server_closes"] += 1
         if self.st["server_closes"] == HTTP_CONNECTIONS:
             _set_once(self.closed)
@@ -2068,7 +2082,8 @@ def _http_keepalive(name: str, loop_factory: LoopFactory, n: int,
     digests = [_digest8(b) for b in bodies]  # the client's answers, untimed
     st = {"responses": 0, "verified": 0, "client_errors": 0, "served": 0,
           "server_errors": 0, "server_eofs": 0, "server_closes": 0,
-          "server_saw_close": False, "tls_verified": 0, "finished": False}
+          "server_clean_closes": 0, "server_saw_close": False, "tls_verified": 0,
+          "finished": False}
     info: Dict[str, Any] = {}
     skw, ckw = _tls_kwargs() if tls else ({}, {})
     info["prelude"] = _prelude(loop_factory, tls)  # untimed
@@ -2129,8 +2144,11 @@ def _http_keepalive(name: str, loop_factory: LoopFactory, n: int,
                     st["client_errors"] += 1
                     info.setdefault("client_error", repr(r)[:200])
             seen = await _bounded(closed, info, "server sees every close")
-            st["server_saw_close"] = (seen
-                                      and st["server_eofs"] == HTTP_CONNECTIONS)
+            # Each client's close seen as EOF (on TLS before 3.11, as a
+            # clean connection_lost: TLS_CLOSE_WITHOUT_EOF).
+            closes = (st["server_clean_closes"] if tls and TLS_CLOSE_WITHOUT_EOF
+                      else st["server_eofs"])
+            st["server_saw_close"] = seen and closes == HTTP_CONNECTIONS
         finally:
             await _close_server(server, info)
         st["finished"] = True
