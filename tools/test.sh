@@ -3,7 +3,7 @@
 # the whole test suite (tests/ and the benchmark bodies in benchmarks/ as
 # plain tests) on a release build, with the CI selection of the upstream
 # suites (CPython's, uvloop's, AnyIO's, aiohttp's, asyncssh's, uvicorn's,
-# redis-py's, aioftp's and Tornado's own tests on zuvrs, checked against
+# redis-py's, aioftp's, Tornado's, pyzmq's and aioquic's own tests on zuvrs, checked against
 # tests/upstream/ratchet.json; aioftp's once more with native streams), then the whole suite again
 # on a debug build (Rust debug assertions on, and NativeCell's checks of
 # every native state access), zuvrs's half of the parity tests only.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs test suites the project did not write (CPython's test_asyncio,
 # uvloop's, AnyIO's, aiohttp's, asyncssh's, uvicorn's, redis-py's, aioftp's,
-# Tornado's and websockets' own tests) on zuvrs, the
+# Tornado's, pyzmq's, aioquic's and websockets' own tests) on zuvrs, the
 # stdlib loop and uvloop, and compares zuvrs's passed counts with
 # tests/upstream/ratchet.json. Needs tools/setup.sh and tools/build.sh first.
 # All arguments go to tests/upstream/run.py (see its --help), e.g.

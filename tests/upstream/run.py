@@ -54,6 +54,15 @@ Suites (``--suite``, repeatable; default all):
               client and server sit on ``add_reader`` / ``add_writer``,
               ``sock_*`` calls, timers, threads, subprocesses and signals, so
               it judges the loop's lower layers rather than its transports.
+  pyzmq       pyzmq's tests from the sdist of the installed pyzmq: its
+              ``zmq.asyncio`` sockets watch libzmq's edge-triggered file
+              descriptor with ``add_reader`` and poll it again from
+              callbacks; the rest of its suite (threads, devices) runs on
+              every loop alike.
+  aioquic     aioquic's tests from the sdist of the installed aioquic:
+              QUIC clients and servers on datagram endpoints (losses,
+              retries, migration, IPv4 and IPv6), the UDP side that no other
+              suite here leans on.
   websockets  websockets' asyncio and legacy tests. websockets' sdists do not
               ship its tests (its MANIFEST.in prunes them), so this suite
               needs a source tree of websockets: ``--websockets-src DIR`` (a
@@ -139,13 +148,15 @@ RATCHET = os.path.join(HERE, "ratchet.json")
 RESULTS_MD = os.path.join(HERE, "RESULTS.md")
 CPYTHON_RUNNER = os.path.join(ROOT, "tests", "cpython", "run_cpython_suite.py")
 
-SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "asyncssh", "uvicorn", "redis", "aioftp", "tornado", "websockets")
+SUITES = ("cpython", "uvloop", "anyio", "aiohttp", "asyncssh", "uvicorn", "redis", "aioftp", "tornado", "pyzmq",
+          "aioquic", "websockets")
 LOOPS = ("zuvrs", "asyncio", "uvloop")
 # The suites by how long their CI selection takes (--jobs starts the
 # longest first): asyncssh about 3 minutes, uvicorn and CPython's 1.5,
-# redis-py's 1.3, tornado's, uvloop's and aiohttp's 1, AnyIO's 0.5, aioftp's 0.3.
+# redis-py's 1.3, tornado's, uvloop's and aiohttp's 1, AnyIO's 0.5, aioftp's 0.3,
+# aioquic's and pyzmq's 0.2.
 LONGEST_FIRST = ("asyncssh", "uvicorn", "cpython", "redis", "tornado", "uvloop", "aiohttp", "anyio", "aioftp",
-                 "websockets")
+                 "aioquic", "pyzmq", "websockets")
 assert sorted(LONGEST_FIRST) == sorted(SUITES)
 COLUMNS = ("passed", "failed", "errors", "skipped")
 
@@ -241,6 +252,10 @@ CI_SELECTION = {
     "aioftp": None,
     # The whole suite (about a minute).
     "tornado": None,
+    # The files that run zmq.asyncio sockets on the loop (about 10 s).
+    "pyzmq": ["tests/test_asyncio.py", "tests/test_future.py", "tests/test_auth.py"],
+    # Its clients and servers on the loop's datagram endpoints (about 10 s).
+    "aioquic": ["tests/test_asyncio.py"],
 }
 
 # Per-test limits, seconds: pytest-timeout's (raises in the test), then the
@@ -723,6 +738,21 @@ def suite_aioftp(loops, files, args):
         ["tests"], drop=("src",), plugins=("asyncio",))
 
 
+def suite_pyzmq(loops, files, args):
+    # Its pytest.ini: importlib import mode, tests/ on sys.path,
+    # pytest-asyncio in auto mode.
+    return sdist_suite("pyzmq", loops, files, ["-p", "no:codspeed"], ["tests"],
+                       drop=("zmq",), plugins=("asyncio",))
+
+
+def suite_aioquic(loops, files, args):
+    # unittest classes (IsolatedAsyncioTestCase for the loop's part); its
+    # pyproject has no pytest configuration.
+    return sdist_suite("aioquic", loops, files,
+                       ["-c", empty_ini("aioquic"), "--rootdir", ".", "-p", "no:codspeed"],
+                       ["tests"], drop=("src",))
+
+
 def empty_ini(name):
     """An empty pytest configuration file for a suite that has none: without
     one pytest would take the first it finds above the suite's tree (this
@@ -819,6 +849,8 @@ SUITE_FUNCS = {
     "redis": suite_redis,
     "aioftp": suite_aioftp,
     "tornado": suite_tornado,
+    "pyzmq": suite_pyzmq,
+    "aioquic": suite_aioquic,
     "websockets": suite_websockets,
 }
 
@@ -911,6 +943,11 @@ SUITE_NOTES = {
     "tornado": "Its tornado/test/*_test.py under pytest, from the sdist's source tree, with the "
                "access log silenced as its own runner does (harness/tornado_setup.py); warnings are "
                "not made errors here.",
+    "pyzmq": "Its tests/ under its pytest.ini (pytest-asyncio in auto mode); zmq.asyncio's "
+             "sockets watch libzmq's file descriptor with add_reader. The C extension is the "
+             "installed wheel's.",
+    "aioquic": "Its tests/ (unittest classes; test_asyncio.py runs QUIC clients and servers on "
+               "datagram endpoints) against the installed wheel's C extension.",
     "websockets": "Its tests/asyncio and tests/legacy, from a source tree (websockets' sdists "
                   "ship no tests), run with WEBSOCKETS_TESTS_TIMEOUT_FACTOR=5.",
 }
