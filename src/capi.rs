@@ -1245,6 +1245,39 @@ pub(crate) mod futures {
         c_future_type(ty.py()).is_some_and(|c| ty.is(c))
     }
 
+    /// `fut._asyncio_future_blocking = True`, what `await fut` does before
+    /// it yields. On an exact C future the type's own data descriptor is
+    /// called directly (an instance's dict cannot shadow a data descriptor,
+    /// and a subclass, which might define its own, takes the generic path),
+    /// skipping the attribute lookup of a `setattr`.
+    pub(crate) fn mark_blocking(fut: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = fut.py();
+        let name = pyo3::intern!(py, "_asyncio_future_blocking");
+        static SETTER: PyOnceLock<Option<Py<PyAny>>> = PyOnceLock::new();
+        let descr = SETTER.get_or_init(py, || {
+            let descr = c_future_type(py)?.getattr(name).ok()?;
+            // SAFETY: reading a slot of a live type object.
+            let has_set = unsafe { (*ffi::Py_TYPE(descr.as_ptr())).tp_descr_set.is_some() };
+            has_set.then(|| descr.unbind())
+        });
+        match (descr, c_future_type(py)) {
+            (Some(descr), Some(c)) if fut.get_type().is(c) => {
+                // SAFETY: GIL held; `descr` is a live data descriptor of the
+                // C future type (its tp_descr_set checked above), called on
+                // an instance of exactly that type; 0 or -1 with the error set.
+                let rc = unsafe {
+                    let set = (*ffi::Py_TYPE(descr.as_ptr())).tp_descr_set.expect("checked at first use");
+                    set(descr.as_ptr(), fut.as_ptr(), ffi::Py_True())
+                };
+                if rc < 0 {
+                    return Err(PyErr::fetch(py));
+                }
+                Ok(())
+            }
+            _ => fut.setattr(name, true),
+        }
+    }
+
     /// The first field after the header of `fut`, an exact C future.
     fn first_field(fut: &Bound<'_, PyAny>) -> Option<*mut ffi::PyObject> {
         let c = c_future_type(fut.py())?;

@@ -70,7 +70,7 @@ pub(crate) mod event_loop {
 
 /// asyncio.Future's methods.
 pub(crate) mod future {
-    names!(done, cancelled, result, set_result, set_exception, _asyncio_future_blocking);
+    names!(done, cancelled, result, set_result, set_exception);
 }
 
 /// What the native streams (src/streams) call on the objects a stream holds:

@@ -464,7 +464,7 @@ fn wait_for_data(py: Python<'_>, reader: &ReaderCore, name: &str) -> PyResult<Py
     }
     let loop_obj = loop_obj.unwrap_or_else(|| py.None());
     let future = python::call_method0(loop_obj.bind(py), python::event_loop::create_future(py))?;
-    future.setattr(python::future::_asyncio_future_blocking(py), true)?;
+    crate::capi::futures::mark_blocking(&future)?;
     let future = future.unbind();
     let old = reader.state.with(py, |st| st.waiter.replace(future.clone_ref(py)));
     drop(old);

@@ -413,12 +413,18 @@ impl StreamCore {
     /// Queues `chunk`; unless a write is in flight (its completion sends the
     /// queue), the transport asks to be flushed before the next poll.
     pub(super) fn enqueue_raw(&self, py: Python<'_>, chunk: Chunk, len: usize) -> PyResult<()> {
-        self.enqueue_all(py, vec![(chunk, len)])
+        // (One chunk, no vector: a write per turn is the common case.)
+        self.enqueue_all(py, std::iter::once((chunk, len)))
     }
 
     /// Queues `chunks` as one write (see enqueue_raw).
-    fn enqueue_all(&self, py: Python<'_>, chunks: Vec<(Chunk, usize)>) -> PyResult<()> {
-        if chunks.is_empty() {
+    fn enqueue_all<I>(&self, py: Python<'_>, chunks: I) -> PyResult<()>
+    where
+        I: IntoIterator<Item = (Chunk, usize)>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let chunks = chunks.into_iter();
+        if chunks.len() == 0 {
             return Ok(());
         }
         let running = self.shared().is_running(py);
