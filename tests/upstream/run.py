@@ -117,6 +117,8 @@ Usage::
     tools/upstream.sh --update-ratchet       # after a full run's worth of improvements
     tools/upstream.sh --ci --native-streams  # the CI selection with zuvrs.streams installed, against
                                              #   the ratchet of plain zuvrs
+    tools/upstream.sh --asyncio-debug --loop zuvrs,asyncio --suite tornado
+                                             # both loops in asyncio's debug mode, compared
 """
 
 import argparse
@@ -303,6 +305,8 @@ def clean_env(extra=None):
     if NATIVE_STREAMS:
         # The harness plugin calls zuvrs.streams.install() (it acts on zuvrs loops only).
         env["ZUVRS_UPSTREAM_NATIVE_STREAMS"] = "1"
+    if ASYNCIO_DEBUG:
+        env["PYTHONASYNCIODEBUG"] = "1"
     env.update(extra or {})
     return env
 
@@ -310,6 +314,11 @@ def clean_env(extra=None):
 # --native-streams: the zuvrs column runs with zuvrs.streams' native stream
 # classes (install() in the suites, the classes patched in CPython's).
 NATIVE_STREAMS = False
+
+# --asyncio-debug: every loop in asyncio's debug mode (PYTHONASYNCIODEBUG=1),
+# where handles keep the traceback of where they were made and slow
+# callbacks are logged; compared loop with loop, not with the ratchet.
+ASYNCIO_DEBUG = False
 
 
 def _reset_signals():
@@ -1142,7 +1151,15 @@ def main(argv=None):
     p.add_argument("--native-streams", action="store_true",
                    help="the zuvrs column with native streams (zuvrs.streams.install(); CPython's suite with the "
                         "classes patched in); with --check, compared with the ratchet of plain zuvrs")
+    p.add_argument("--asyncio-debug", action="store_true",
+                   help="every loop in asyncio's debug mode (PYTHONASYNCIODEBUG=1): compare the loops' columns; "
+                        "the ratchet records runs without it")
     args = p.parse_args(argv)
+    if args.asyncio_debug:
+        if args.update_ratchet or args.check or args.ci:
+            p.error("--asyncio-debug: the ratchet records runs without debug mode")
+        global ASYNCIO_DEBUG
+        ASYNCIO_DEBUG = True
     if args.native_streams:
         if args.update_ratchet:
             p.error("--native-streams: the ratchet records zuvrs without them")
@@ -1180,7 +1197,8 @@ def main(argv=None):
         for note in n:
             log(f"   note: {note}")
         if res is not None:
-            if not selection[suite]:
+            # Only plain whole-suite runs are kept for RESULTS.md and --report-only.
+            if not selection[suite] and not NATIVE_STREAMS and not ASYNCIO_DEBUG:
                 for loop, files in res.items():
                     with open(os.path.join(saved, f"{suite}.{loop}.json"), "w") as f:
                         json.dump({"source": source, "notes": n, "commit": git_commit(),
