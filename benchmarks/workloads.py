@@ -1275,13 +1275,13 @@ def tcp_echo_protocol(loop_factory: LoopFactory, n: int = 20_000) -> Dict[str, A
 #: periods, so every chunk is the same object, and a received piece's first,
 #: middle and last bytes say whether it sits at the right position.
 BULK_PERIOD = 251
+BULK_CHUNK = BULK_PERIOD * 1024  # 257,024 bytes
+MIB = 1 << 20
 
 #: asyncio's TLS before 3.11 (sslproto, which zuvrs also uses there) ends a
 #: connection on the peer's close_notify with connection_lost(None) alone,
 #: never eof_received(); from 3.11 the protocol gets eof_received() first.
 TLS_CLOSE_WITHOUT_EOF = sys.version_info < (3, 11)
-BULK_CHUNK = BULK_PERIOD * 1024  # 257,024 bytes
-MIB = 1 << 20
 
 
 class BulkReceiverProtocol(asyncio.Protocol):
