@@ -1278,6 +1278,81 @@ pub(crate) mod futures {
         }
     }
 
+    /// Whether `fut`, an exact C future whose only references are the
+    /// caller's two (where it keeps it, and `fut`), can be made new
+    /// (`reinit`) without anybody seeing it: no weak reference to it and no
+    /// instance dict (nothing set on it), and no exception of its still to
+    /// be logged as never retrieved. False wherever the type keeps these
+    /// elsewhere than at the offsets it gives.
+    pub(crate) fn reusable(fut: &Bound<'_, PyAny>) -> bool {
+        let py = fut.py();
+        // (Without the GIL a reference count says nothing of other threads.)
+        if cfg!(any(PyPy, GraalPy, Py_GIL_DISABLED)) {
+            return false;
+        }
+        let Some(c) = c_future_type(py) else { return false };
+        // SAFETY: `fut` is live, so its header can be read.
+        if !fut.get_type().is(c) || unsafe { ffi::Py_REFCNT(fut.as_ptr()) } != 2 {
+            return false;
+        }
+        // SAFETY: reading two slots of a live type object, and pointer-sized
+        // fields at the offsets those slots give inside a live instance of
+        // exactly that type (positive offsets: fields of the object itself).
+        let unseen = unsafe {
+            let ty = c.as_ptr() as *mut ffi::PyTypeObject;
+            let (weak, dict) = ((*ty).tp_weaklistoffset, (*ty).tp_dictoffset);
+            let field =
+                |off: ffi::Py_ssize_t| *((fut.as_ptr() as *const u8).add(off as usize) as *const *mut ffi::PyObject);
+            weak > 0 && dict > 0 && field(weak).is_null() && field(dict).is_null()
+        };
+        unseen && !log_traceback_pending(fut)
+    }
+
+    /// `fut._log_traceback`, read through the C future type's descriptor
+    /// (true if it cannot be read).
+    fn log_traceback_pending(fut: &Bound<'_, PyAny>) -> bool {
+        let py = fut.py();
+        static GETTER: PyOnceLock<Option<Py<PyAny>>> = PyOnceLock::new();
+        let descr = GETTER.get_or_init(py, || {
+            let descr = c_future_type(py)?.getattr("_log_traceback").ok()?;
+            // SAFETY: reading a slot of a live type object.
+            let has_get = unsafe { (*ffi::Py_TYPE(descr.as_ptr())).tp_descr_get.is_some() };
+            has_get.then(|| descr.unbind())
+        });
+        let Some(descr) = descr else { return true };
+        // SAFETY: GIL held; `descr` is a live descriptor of the C future
+        // type with a tp_descr_get (checked at first use), called on an
+        // exact instance; a new reference or NULL with the error set.
+        let value = unsafe {
+            let get = (*ffi::Py_TYPE(descr.as_ptr())).tp_descr_get.expect("checked at first use");
+            Bound::from_owned_ptr_or_err(
+                py,
+                get(descr.as_ptr(), fut.as_ptr(), ffi::Py_TYPE(fut.as_ptr()) as *mut ffi::PyObject),
+            )
+        };
+        // SAFETY: comparing with the False singleton's address.
+        !value.is_ok_and(|v| v.as_ptr() == unsafe { ffi::Py_False() })
+    }
+
+    /// `fut.__init__(**kwargs)`: a C future made pending again, as new
+    /// (CPython's `Future.__init__` clears all it held first).
+    pub(crate) fn reinit(fut: &Bound<'_, PyAny>, kwargs: Option<&Bound<'_, pyo3::types::PyDict>>) -> PyResult<()> {
+        let py = fut.py();
+        static EMPTY: PyOnceLock<Py<pyo3::types::PyTuple>> = PyOnceLock::new();
+        let args = EMPTY.get_or_init(py, || pyo3::types::PyTuple::empty(py).unbind());
+        // SAFETY: GIL held; `fut` is a live instance of a type whose tp_init
+        // is called with an args tuple and a dict or NULL; 0 or -1 with the
+        // error set.
+        let rc = unsafe {
+            let init = (*ffi::Py_TYPE(fut.as_ptr())).tp_init.expect("the C future type has __init__");
+            init(fut.as_ptr(), args.as_ptr(), kwargs.map_or(std::ptr::null_mut(), |k| k.as_ptr()))
+        };
+        if rc < 0 {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(())
+    }
+
     /// The first field after the header of `fut`, an exact C future.
     fn first_field(fut: &Bound<'_, PyAny>) -> Option<*mut ffi::PyObject> {
         let c = c_future_type(fut.py())?;

@@ -382,6 +382,103 @@ def test_waiter_of_a_future_subclass_has_its_methods_called(loop, streams):
     assert calls == ["cancelled", "set_result"]
 
 
+async def _waits(reader, n, keep=None):
+    """n reads that each wait for their byte (fed once the read waits);
+    `keep(i, waiter)` is called with each read's waiter while it waits."""
+    for i in range(n):
+        task = asyncio.ensure_future(reader.read(1))
+        await asyncio.sleep(0)
+        waiter = reader._waiter
+        assert type(waiter) is asyncio.Future and not waiter.done()
+        if keep is not None:
+            keep(i, waiter)
+        del waiter
+        reader.feed_data(bytes([i]))
+        assert await task == bytes([i])
+
+
+def test_each_wait_has_a_pending_future_of_its_own(loop, streams):
+    # A waiter that anything else holds (here: a list) is never made the
+    # waiter of a later read (zuvrs renews only waiters nobody else sees).
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        held = []
+        await _waits(reader, 8, lambda i, w: held.append(w))
+        assert len({id(w) for w in held}) == 8
+        assert all(w.done() and w.result() is None and w.get_loop() is loop for w in held)
+
+    run(loop, main())
+
+
+def test_a_waiter_with_a_weak_reference_or_an_attribute_is_not_renewed(loop, streams):
+    import weakref
+
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        refs, marked = [], []
+
+        def keep(i, waiter):
+            if i % 2:
+                refs.append(weakref.ref(waiter))
+            else:
+                waiter.mark = i
+                marked.append(weakref.ref(waiter))
+
+        await _waits(reader, 8, keep)
+        # Whatever is still alive is still done with its own state: never
+        # renewed into a later wait's future.
+        for ref in refs + marked:
+            fut = ref()
+            if fut is not None:
+                assert fut.done() and fut.result() is None
+        for i, ref in zip(range(0, 8, 2), marked):
+            if ref() is not None:
+                assert ref().mark == i
+
+    run(loop, main())
+
+
+def test_a_cancelled_wait_does_not_outlive_its_read(loop, streams):
+    # The cancelled read's waiter (and all it holds) is let go once the
+    # read is over, as under asyncio: a reader keeps for renewal only
+    # waiters that ended with their result.
+    import weakref
+
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        await _waits(reader, 2)
+        task = asyncio.ensure_future(reader.read(1))
+        await asyncio.sleep(0)
+        gone = weakref.ref(reader._waiter)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        del task
+        gc.collect()
+        assert gone() is None
+        await _waits(reader, 2)
+
+    run(loop, main())
+
+
+def test_waits_with_a_patched_create_future_use_it_every_time(loop, streams):
+    made = []
+
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        await _waits(reader, 2)
+        original = loop.create_future
+        loop.create_future = lambda: made.append(1) or original()
+        try:
+            await _waits(reader, 5)
+        finally:
+            del loop.create_future
+        await _waits(reader, 2)
+
+    run(loop, main())
+    assert made == [1] * 5
+
+
 def test_concurrent_read_is_refused(loop, streams):
     async def main():
         reader = streams.StreamReader(loop=loop)

@@ -122,6 +122,8 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
             self.__dict__["call_soon"] = _zuvrs.LoopCore.call_soon.__get__(self)
         if type(self).time is not _zuvrs.LoopCore.time:
             self._set_python_clock(True)
+        if type(self).create_future is not _zuvrs.LoopCore.create_future:
+            self._set_python_futures(True)
 
     # asyncio's loop reads its own time() for its timers, so code that
     # patches loop.time (tests, mostly: mock.patch.object(loop, "time"))
@@ -130,11 +132,15 @@ class Loop(_zuvrs.LoopCore, AllErrorsMixin, NetworkMixin, asyncio.BaseEventLoop)
         super().__setattr__(name, value)
         if name == "time":
             self._set_python_clock(True)
+        elif name == "create_future":
+            self._set_python_futures(True)
 
     def __delattr__(self, name):
         super().__delattr__(name)
         if name == "time":
             self._set_python_clock(type(self).time is not _zuvrs.LoopCore.time)
+        elif name == "create_future":
+            self._set_python_futures(type(self).create_future is not _zuvrs.LoopCore.create_future)
 
     # -- running ---------------------------------------------------------
 

@@ -79,6 +79,25 @@ fn python_clock_now(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared)
     Ok(None)
 }
 
+/// Makes `fut`, a finished C future of a reader's that nothing else sees
+/// (`capi::futures::reusable`), what `loop_obj.create_future()` would
+/// return, as if new: Ok(false), with `fut` untouched, unless `loop_obj`
+/// is a zuvrs loop whose `create_future` is its own and makes C futures.
+pub(crate) fn renew_future(loop_obj: &Bound<'_, PyAny>, fut: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = loop_obj.py();
+    match loop_obj.cast::<LoopCore>() {
+        Ok(core) if core.get().shared().own_create_future(py) => {
+            tasks::renew_future(py, loop_obj, core.get().shared(), fut)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Whether `loop_obj` is a zuvrs loop whose `create_future` is its own.
+pub(crate) fn own_create_future(loop_obj: &Bound<'_, PyAny>) -> bool {
+    loop_obj.cast::<LoopCore>().is_ok_and(|l| l.get().shared().own_create_future(loop_obj.py()))
+}
+
 /// Debug mode's slow-callback warning for protocol callbacks that libuv's
 /// I/O callbacks run directly (they have no Handle to time): when the
 /// callback that began at `started` took at least slow_callback_duration,
@@ -121,6 +140,10 @@ pub(crate) struct LoopState {
     /// The loop's `time` is Python code (patched on the instance, or a
     /// subclass's): timers are due by it rather than by the native clock.
     python_clock: bool,
+    /// The loop's `create_future` is another than LoopCore's (set on the
+    /// instance, or a subclass's): native streams then call it for every
+    /// waiter, rather than renew one (`renew_future`).
+    python_futures: bool,
     thread_id: Option<Py<PyAny>>,
     /// The thread run_forever runs the loop in (its native id; 0 while it
     /// does not run): while it is the caller's, this loop is the thread's
@@ -336,6 +359,11 @@ impl LoopShared {
         } else {
             Ok(())
         }
+    }
+
+    /// Whether the loop's `create_future` is LoopCore's.
+    pub(crate) fn own_create_future(&self, py: Python<'_>) -> bool {
+        self.state.with(py, |st| !st.python_futures)
     }
 
     /// Whether the loop is in debug mode.
@@ -624,6 +652,7 @@ impl LoopCore {
                 stopping: false,
                 debug: false,
                 python_clock: false,
+                python_futures: false,
                 thread_id: None,
                 running_thread: 0,
                 pending_error: None,
@@ -645,6 +674,12 @@ impl LoopCore {
     /// patched or a subclass defines it; see `loop_time`).
     fn _set_python_clock(&self, py: Python<'_>, on: bool) {
         self.shared.state.with(py, |st| st.python_clock = on)
+    }
+
+    /// Whether the loop's `create_future` is Python code (set by Loop when
+    /// it is patched or a subclass defines it; see `own_create_future`).
+    fn _set_python_futures(&self, py: Python<'_>, on: bool) {
+        self.shared.state.with(py, |st| st.python_futures = on)
     }
 
     /// Stops the loop after the current turn.

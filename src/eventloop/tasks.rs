@@ -95,23 +95,50 @@ pub(super) fn create_future<'py>(
             return Ok(fut);
         }
     }
-    let kwargs = match shared.state.with(py, |st| st.future_kwargs.as_ref().map(|k| k.clone_ref(py))) {
-        Some(kwargs) => kwargs,
-        None => {
-            let kwargs = PyDict::new(py);
-            kwargs.set_item(pyo3::intern!(py, "loop"), slf)?;
-            let kwargs = kwargs.unbind();
-            // A closed loop makes no futures, so it keeps none (close drops it).
-            if !shared.state.with(py, |st| st.closed) {
-                let old = shared.state.with(py, |st| st.future_kwargs.replace(kwargs.clone_ref(py)));
-                drop(old);
-            }
-            kwargs
-        }
-    };
+    let kwargs = future_kwargs(py, slf, shared)?;
     let fut = future_type.call(empty_tuple(py), Some(kwargs.bind(py)))?;
     futures::learn_layout(&fut, slf);
     Ok(fut)
+}
+
+/// `{"loop": slf}`, the keywords of this loop's futures.
+fn future_kwargs(py: Python<'_>, slf: &Bound<'_, PyAny>, shared: &LoopShared) -> PyResult<Py<PyDict>> {
+    if let Some(kwargs) = shared.state.with(py, |st| st.future_kwargs.as_ref().map(|k| k.clone_ref(py))) {
+        return Ok(kwargs);
+    }
+    let kwargs = PyDict::new(py);
+    kwargs.set_item(pyo3::intern!(py, "loop"), slf)?;
+    let kwargs = kwargs.unbind();
+    // A closed loop makes no futures, so it keeps none (close drops it).
+    if !shared.state.with(py, |st| st.closed) {
+        let old = shared.state.with(py, |st| st.future_kwargs.replace(kwargs.clone_ref(py)));
+        drop(old);
+    }
+    Ok(kwargs)
+}
+
+/// `fut` (see `eventloop::renew_future`) made what `create_future` makes,
+/// by the C future's own `__init__`, which clears what the future held:
+/// Ok(false), `fut` untouched, where `create_future` would make another
+/// type of future (`asyncio.futures.Future` replaced).
+pub(super) fn renew_future<'py>(
+    py: Python<'py>,
+    slf: &Bound<'py, PyAny>,
+    shared: &LoopShared,
+    fut: &Bound<'py, PyAny>,
+) -> PyResult<bool> {
+    if !futures::is_c_future_type(&python::asyncio_future_type(py)?) {
+        return Ok(false);
+    }
+    // As in create_future: without `loop=` where that is cheaper.
+    if cfg!(Py_3_12) && futures::layout_known() && shared.runs_here(py) {
+        futures::reinit(fut, None)?;
+        if futures::belongs_to(fut, slf) {
+            return Ok(true);
+        }
+    }
+    futures::reinit(fut, Some(future_kwargs(py, slf, shared)?.bind(py)))?;
+    Ok(true)
 }
 
 fn empty_tuple(py: Python<'_>) -> &Bound<'_, PyTuple> {

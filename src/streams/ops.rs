@@ -181,6 +181,8 @@ impl ReadOp {
                     python::release(py, old);
                 }
                 if let Err(err) = python::future_call0(&future, python::FutureMethod::Result) {
+                    let spent = reader.state.with(py, |st| st.spent.forget(&future));
+                    drop(spent);
                     self.finish(py);
                     return Err(err);
                 }
@@ -228,8 +230,9 @@ impl ReadOp {
                 self.state.with(py, |st| st.stage = Stage::Running);
                 return PyValueError::new_err("coroutine already executing");
             }
-            (Stage::Waiting(_), Some(reader)) => {
-                let old = reader.get().state.with(py, |st| st.waiter.take());
+            (Stage::Waiting(future), Some(reader)) => {
+                let future = future.into_bound(py);
+                let old = reader.get().state.with(py, |st| (st.waiter.take(), st.spent.forget(&future)));
                 drop(old);
             }
             _ => {}
@@ -462,13 +465,45 @@ fn wait_for_data(py: Python<'_>, reader: &ReaderCore, name: &str) -> PyResult<Py
     if let Some(transport) = resume {
         resume_reading(py, transport)?;
     }
-    let loop_obj = loop_obj.unwrap_or_else(|| py.None());
-    let future = python::call_method0(loop_obj.bind(py), python::event_loop::create_future(py))?;
+    let loop_obj = loop_obj.unwrap_or_else(|| py.None()).into_bound(py);
+    let renews = crate::eventloop::own_create_future(&loop_obj);
+    let future = match renews.then(|| renewed_waiter(py, reader, &loop_obj)).transpose()?.flatten() {
+        Some(future) => future,
+        None => {
+            let future = python::call_method0(&loop_obj, python::event_loop::create_future(py))?;
+            if renews {
+                let old = reader.state.with(py, |st| st.spent.keep(&future));
+                drop(old);
+            }
+            future
+        }
+    };
     crate::capi::futures::mark_blocking(&future)?;
     let future = future.unbind();
     let old = reader.state.with(py, |st| st.waiter.replace(future.clone_ref(py)));
     drop(old);
     Ok(future)
+}
+
+/// One of the reader's last waiters made new (`eventloop::renew_future`),
+/// if one can be: nothing but the reader holds it, and the loop's
+/// `create_future` (its own, the caller checked) makes C futures. asyncio
+/// makes a future for every wait; this saves its making and freeing. (The
+/// last waiter is still held by the handle whose callback is running, the
+/// task's wakeup: the one before it is the one renewed.)
+fn renewed_waiter<'py>(
+    py: Python<'py>,
+    reader: &ReaderCore,
+    loop_obj: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    for slot in 0..super::state::SPENT_WAITERS {
+        let Some(fut) = reader.state.with(py, |st| st.spent.get(py, slot)) else { continue };
+        let fut = fut.into_bound(py);
+        if crate::capi::futures::reusable(&fut) && crate::eventloop::renew_future(loop_obj, &fut)? {
+            return Ok(Some(fut));
+        }
+    }
+    Ok(None)
 }
 
 /// What readuntil's search of the buffer found.

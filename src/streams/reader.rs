@@ -77,6 +77,7 @@ impl ReaderCore {
                 paused: false,
                 loop_obj: None,
                 spare: None,
+                spent: Default::default(),
             }),
         }
     }
@@ -299,13 +300,15 @@ impl ReaderCore {
             visit.call(&st.exception)?;
             visit.call(&st.transport)?;
             visit.call(&st.loop_obj)?;
-            visit.call(&st.spare)
+            visit.call(&st.spare)?;
+            st.spent.traverse(&visit)
         })
     }
 
     fn __clear__(&self, py: Python<'_>) {
-        let old =
-            self.state.with(py, |st| (st.waiter.take(), st.exception.take(), st.transport.take(), st.loop_obj.take()));
+        let old = self.state.with(py, |st| {
+            (st.waiter.take(), st.exception.take(), st.transport.take(), st.loop_obj.take(), st.spent.take())
+        });
         drop(old);
     }
 }

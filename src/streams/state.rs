@@ -36,6 +36,52 @@ pub(crate) struct ReaderState {
     /// the next read if nothing else holds it by then (reads in a loop
     /// allocate no op).
     pub(super) spare: Option<Py<PyAny>>,
+    /// The waiters of the last reads, renewed for later ones when nothing
+    /// else holds them by then (ops.rs `renewed_waiter`).
+    pub(super) spent: SpentWaiters,
+}
+
+/// How many past waiters a reader keeps: at a wait, the last one is still
+/// held by the handle that woke the task (see ops.rs), so two.
+pub(super) const SPENT_WAITERS: usize = 2;
+
+/// A reader's past waiters, replaced in turn.
+#[derive(Default)]
+pub(crate) struct SpentWaiters {
+    slots: [Option<Py<PyAny>>; SPENT_WAITERS],
+    next: usize,
+}
+
+impl SpentWaiters {
+    pub(super) fn get(&self, py: Python<'_>, slot: usize) -> Option<Py<PyAny>> {
+        self.slots[slot].as_ref().map(|f| f.clone_ref(py))
+    }
+
+    /// Keeps a newly made waiter in place of the oldest one, which is
+    /// returned (for the caller to drop outside the reader's state: freeing
+    /// a future can run Python code).
+    pub(super) fn keep(&mut self, future: &Bound<'_, PyAny>) -> Option<Py<PyAny>> {
+        let old = self.slots[self.next].replace(future.clone().unbind());
+        self.next = (self.next + 1) % SPENT_WAITERS;
+        old
+    }
+
+    /// Lets go of `future` if it is kept (a waiter that ended otherwise
+    /// than with its result is not renewed, so that what it holds, such as
+    /// a cancelled task's exception, lives no longer than under asyncio);
+    /// returned for the caller to drop, as `keep`'s.
+    pub(super) fn forget(&mut self, future: &Bound<'_, PyAny>) -> Option<Py<PyAny>> {
+        let slot = self.slots.iter_mut().find(|f| f.as_ref().is_some_and(|f| f.is(future)))?;
+        slot.take()
+    }
+
+    pub(super) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.slots.iter().try_for_each(|f| visit.call(f))
+    }
+
+    pub(super) fn take(&mut self) -> [Option<Py<PyAny>>; SPENT_WAITERS] {
+        std::mem::take(&mut self.slots)
+    }
 }
 
 impl ReaderState {
