@@ -1334,12 +1334,14 @@ pub(crate) mod futures {
         !value.is_ok_and(|v| v.as_ptr() == unsafe { ffi::Py_False() })
     }
 
-    /// `fut.__init__(**kwargs)`: a C future made pending again, as new
-    /// (CPython's `Future.__init__` clears all it held first).
-    pub(crate) fn reinit(fut: &Bound<'_, PyAny>, kwargs: Option<&Bound<'_, pyo3::types::PyDict>>) -> PyResult<()> {
+    /// `fut.__init__(*args, **kwargs)`: a C future made pending again, as
+    /// new (CPython's `Future.__init__` clears all it held first).
+    pub(crate) fn reinit(
+        fut: &Bound<'_, PyAny>,
+        args: &Bound<'_, pyo3::types::PyTuple>,
+        kwargs: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<()> {
         let py = fut.py();
-        static EMPTY: PyOnceLock<Py<pyo3::types::PyTuple>> = PyOnceLock::new();
-        let args = EMPTY.get_or_init(py, || pyo3::types::PyTuple::empty(py).unbind());
         // SAFETY: GIL held; `fut` is a live instance of a type whose tp_init
         // is called with an args tuple and a dict or NULL; 0 or -1 with the
         // error set.

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+import weakref
 
 import pytest
 from _support import PY311, PY313, TIMEOUT, connected_streams, run
@@ -411,8 +412,6 @@ def test_each_wait_has_a_pending_future_of_its_own(loop, streams):
 
 
 def test_a_waiter_with_a_weak_reference_or_an_attribute_is_not_renewed(loop, streams):
-    import weakref
-
     async def main():
         reader = streams.StreamReader(loop=loop)
         refs, marked = [], []
@@ -442,8 +441,6 @@ def test_a_cancelled_wait_does_not_outlive_its_read(loop, streams):
     # The cancelled read's waiter (and all it holds) is let go once the
     # read is over, as under asyncio: a reader keeps for renewal only
     # waiters that ended with their result.
-    import weakref
-
     async def main():
         reader = streams.StreamReader(loop=loop)
         await _waits(reader, 2)

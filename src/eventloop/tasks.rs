@@ -132,12 +132,12 @@ pub(super) fn renew_future<'py>(
     }
     // As in create_future: without `loop=` where that is cheaper.
     if cfg!(Py_3_12) && futures::layout_known() && shared.runs_here(py) {
-        futures::reinit(fut, None)?;
+        futures::reinit(fut, empty_tuple(py), None)?;
         if futures::belongs_to(fut, slf) {
             return Ok(true);
         }
     }
-    futures::reinit(fut, Some(future_kwargs(py, slf, shared)?.bind(py)))?;
+    futures::reinit(fut, empty_tuple(py), Some(future_kwargs(py, slf, shared)?.bind(py)))?;
     Ok(true)
 }
 
