@@ -593,6 +593,32 @@ pub(crate) mod methods {
 
 /// The net layer's CPython calls: the filesystem encoding of Unix socket
 /// paths, `os.fspath`, and a context of its own per accepted connection.
+pub(crate) mod dicts {
+    use pyo3::prelude::*;
+    use pyo3::types::PyDict;
+
+    /// The version tag of `dict` (PEP 509): a value no other state of any
+    /// dict has had, new whenever the dict changes. CPython keeps it in
+    /// the dict object up to 3.13 (deprecated from 3.12; from 3.14 the
+    /// field is something else); None where it cannot be read.
+    #[inline]
+    pub(crate) fn version(dict: &Bound<'_, PyDict>) -> Option<u64> {
+        #[cfg(not(any(Py_3_14, PyPy, GraalPy, Py_GIL_DISABLED)))]
+        {
+            // SAFETY: `dict` is a live dict object (or a subclass's, which
+            // starts with the same struct); one field of it is read.
+            #[allow(deprecated)]
+            let tag = unsafe { (*(dict.as_ptr() as *mut pyo3::ffi::PyDictObject)).ma_version_tag };
+            return (tag != 0).then_some(tag);
+        }
+        #[allow(unreachable_code)]
+        {
+            let _ = dict;
+            None
+        }
+    }
+}
+
 pub(crate) mod net {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyString};
@@ -1282,30 +1308,54 @@ pub(crate) mod futures {
     /// caller's two (where it keeps it, and `fut`), can be made new
     /// (`reinit`) without anybody seeing it: no weak reference to it and no
     /// instance dict (nothing set on it), and no exception of its still to
-    /// be logged as never retrieved. False wherever the type keeps these
-    /// elsewhere than at the offsets it gives.
+    /// be logged as never retrieved. False wherever this cannot tell where
+    /// the type keeps its weak references or attributes.
     pub(crate) fn reusable(fut: &Bound<'_, PyAny>) -> bool {
         let py = fut.py();
         // (Without the GIL a reference count says nothing of other threads.)
         if cfg!(any(PyPy, GraalPy, Py_GIL_DISABLED)) {
             return false;
         }
-        let Some(c) = c_future_type(py) else { return false };
-        // SAFETY: `fut` is live, so its header can be read.
-        if !fut.get_type().is(c) || unsafe { ffi::Py_REFCNT(fut.as_ptr()) } != 2 {
-            return false;
-        }
-        // SAFETY: reading two slots of a live type object, and pointer-sized
-        // fields at the offsets those slots give inside a live instance of
-        // exactly that type (positive offsets: fields of the object itself).
+        let Some(own) = own_methods(py) else { return false };
+        // SAFETY: `fut` is live, so its header can be read; the attributes
+        // are asked of it only when it is exactly of the type `own`
+        // describes.
         let unseen = unsafe {
-            let ty = c.as_ptr() as *mut ffi::PyTypeObject;
-            let (weak, dict) = ((*ty).tp_weaklistoffset, (*ty).tp_dictoffset);
-            let field =
-                |off: ffi::Py_ssize_t| *((fut.as_ptr() as *const u8).add(off as usize) as *const *mut ffi::PyObject);
-            weak > 0 && dict > 0 && field(weak).is_null() && field(dict).is_null()
+            ffi::Py_TYPE(fut.as_ptr()) == own.tp
+                && ffi::Py_REFCNT(fut.as_ptr()) == 2
+                && no_weak_references(fut.as_ptr(), own.tp)
+                && own.attributes.none_on(fut.as_ptr())
         };
         unseen && !log_traceback_pending(fut)
+    }
+
+    /// Whether no weak reference to `obj` exists: its weak-reference list,
+    /// where the type's `tp_weaklistoffset` puts it, is empty. The offset
+    /// is a field of the object, or from 3.12, for a type with a managed
+    /// list, a negative one into the header the interpreter keeps before
+    /// the object (where CPython itself reads it). False for any other.
+    ///
+    /// # Safety
+    /// GIL held; `obj` is a live object of exactly the type `tp`.
+    unsafe fn no_weak_references(obj: *mut ffi::PyObject, tp: *mut ffi::PyTypeObject) -> bool {
+        // SAFETY: reading two slots of a live type object.
+        let (offset, flags) = unsafe { ((*tp).tp_weaklistoffset, (*tp).tp_flags) };
+        #[cfg(Py_3_12)]
+        let managed = flags & ffi::Py_TPFLAGS_MANAGED_WEAKREF != 0;
+        #[cfg(not(Py_3_12))]
+        let managed = {
+            let _ = flags;
+            false
+        };
+        match offset {
+            0 => true,
+            // SAFETY: per the contract, a pointer-sized field at that offset
+            // inside the object, or in its managed pre-header.
+            off if off > 0 || (off < 0 && managed) => unsafe {
+                (*((obj as *const u8).offset(off) as *const *mut ffi::PyObject)).is_null()
+            },
+            _ => false,
+        }
     }
 
     /// `fut._log_traceback`, read through the C future type's descriptor

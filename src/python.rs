@@ -255,15 +255,47 @@ pub(crate) fn logger(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     Ok(imports(py)?.logger.bind(py))
 }
 
-/// `asyncio.tasks.Task` as the module has it now (looked up per call, so a
-/// patched one is used).
+/// `asyncio.tasks.Task` as the module has it now (so a patched one is used).
 pub(crate) fn asyncio_task_type(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    module_attr(imports(py)?.asyncio_tasks.bind(py), pyo3::intern!(py, "Task"), "asyncio.tasks")
+    static SEEN: SeenAttr = SeenAttr::new();
+    SEEN.get(imports(py)?.asyncio_tasks.bind(py), pyo3::intern!(py, "Task"), "asyncio.tasks")
 }
 
-/// `asyncio.futures.Future` as the module has it now (looked up per call).
+/// `asyncio.futures.Future` as the module has it now.
 pub(crate) fn asyncio_future_type(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    module_attr(imports(py)?.asyncio_futures.bind(py), pyo3::intern!(py, "Future"), "asyncio.futures")
+    static SEEN: SeenAttr = SeenAttr::new();
+    SEEN.get(imports(py)?.asyncio_futures.bind(py), pyo3::intern!(py, "Future"), "asyncio.futures")
+}
+
+/// One attribute of one module, as `module_attr` reads it, remembered with
+/// the module dict's version: while the dict has not changed, the value is
+/// the one read then (a dict lookup per future made is about 150
+/// instructions). Read afresh every time where the version cannot be read.
+struct SeenAttr(cell::NativeCell<Option<(u64, Py<PyAny>)>>);
+
+impl SeenAttr {
+    const fn new() -> Self {
+        SeenAttr(cell::NativeCell::new(None))
+    }
+
+    #[inline]
+    fn get<'py>(&self, dict: &Bound<'py, PyDict>, name: &Bound<'py, PyString>, module: &str) -> PyResult<Bound<'py, PyAny>> {
+        let py = dict.py();
+        let version = crate::capi::dicts::version(dict);
+        let seen = self.0.with(py, |seen| match (seen, version) {
+            (Some((at, value)), Some(now)) if *at == now => Some(value.clone_ref(py)),
+            _ => None,
+        });
+        if let Some(value) = seen {
+            return Ok(value.into_bound(py));
+        }
+        let value = module_attr(dict, name, module)?;
+        if let Some(now) = version {
+            let old = self.0.with(py, |seen| seen.replace((now, value.clone().unbind())));
+            drop(old);
+        }
+        Ok(value)
+    }
 }
 
 /// `module.name`, read from the module's dict (`module` names it in the

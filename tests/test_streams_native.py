@@ -476,6 +476,31 @@ def test_waits_with_a_patched_create_future_use_it_every_time(loop, streams):
     assert made == [1] * 5
 
 
+def test_waits_after_asyncio_futures_future_is_replaced_use_the_new_class(loop, streams, monkeypatch):
+    # create_future makes `asyncio.futures.Future` as the module has it at
+    # each call, so a reader's waits follow a replacement at once, and go
+    # back when it is undone (the renewed waiters included).
+    class Recording(asyncio.Future):
+        pass
+
+    async def main():
+        reader = streams.StreamReader(loop=loop)
+        await _waits(reader, 3)
+        kinds = []
+        with monkeypatch.context() as patch:
+            patch.setattr(asyncio.futures, "Future", Recording)
+            for i in range(4):
+                task = asyncio.ensure_future(reader.read(1))
+                await asyncio.sleep(0)
+                kinds.append(type(reader._waiter))
+                reader.feed_data(bytes([i]))
+                assert await task == bytes([i])
+        await _waits(reader, 3)
+        return kinds
+
+    assert run(loop, main()) == [Recording] * 4
+
+
 def test_concurrent_read_is_refused(loop, streams):
     async def main():
         reader = streams.StreamReader(loop=loop)
