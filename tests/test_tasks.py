@@ -88,6 +88,36 @@ def test_create_future_uses_a_patched_future_class(loop, monkeypatch):
         loop.create_future()
 
 
+def test_create_task_and_future_follow_the_classes_replaced_between_calls(loop, monkeypatch):
+    """asyncio looks `tasks.Task` and `futures.Future` up at every call:
+    one replaced after earlier calls is made by the next, and asyncio's
+    own again once it is put back."""
+
+    class MyTask(asyncio.Task):
+        pass
+
+    class MyFuture(asyncio.Future):
+        pass
+
+    async def nothing():
+        return None
+
+    def made():
+        task = loop.create_task(nothing())
+        fut = loop.create_future()
+        loop.run_until_complete(task)
+        return type(task), type(fut)
+
+    default = (asyncio.tasks.Task, asyncio.futures.Future)
+    kinds = [made(), made()]
+    with monkeypatch.context() as patch:
+        patch.setattr(asyncio.tasks, "Task", MyTask)
+        patch.setattr(asyncio.futures, "Future", MyFuture)
+        kinds += [made(), made()]
+    kinds.append(made())
+    assert kinds == [default, default, (MyTask, MyFuture), (MyTask, MyFuture), default]
+
+
 def test_future_done_callbacks_run_via_loop(loop):
     fut = loop.create_future()
     calls = []
