@@ -589,10 +589,8 @@ pub(crate) mod methods {
 
 // ---- end of section: streams ----
 
-// ---- section: Unix socket paths and accepted connections (net) ----
+// ---- section: dict versions (dicts) ----
 
-/// The net layer's CPython calls: the filesystem encoding of Unix socket
-/// paths, `os.fspath`, and a context of its own per accepted connection.
 pub(crate) mod dicts {
     use pyo3::prelude::*;
     use pyo3::types::PyDict;
@@ -619,6 +617,12 @@ pub(crate) mod dicts {
     }
 }
 
+// ---- end of section: dicts ----
+
+// ---- section: Unix socket paths and accepted connections (net) ----
+
+/// The net layer's CPython calls: the filesystem encoding of Unix socket
+/// paths, `os.fspath`, and a context of its own per accepted connection.
 pub(crate) mod net {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyString};

@@ -279,7 +279,12 @@ impl SeenAttr {
     }
 
     #[inline]
-    fn get<'py>(&self, dict: &Bound<'py, PyDict>, name: &Bound<'py, PyString>, module: &str) -> PyResult<Bound<'py, PyAny>> {
+    fn get<'py>(
+        &self,
+        dict: &Bound<'py, PyDict>,
+        name: &Bound<'py, PyString>,
+        module: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let py = dict.py();
         let version = crate::capi::dicts::version(dict);
         let seen = self.0.with(py, |seen| match (seen, version) {
