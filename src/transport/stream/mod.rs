@@ -58,8 +58,9 @@ enum Reader {
     /// An asyncio.BufferedProtocol: libuv reads into the buffer lent by
     /// `get_buffer()` (held by the stream while the read is under way),
     /// then `buffer_updated(n)`; `error` is why no read could be made, with
-    /// the message asyncio reports it under.
-    Buffered { error: Option<(PyErr, &'static str)> },
+    /// the message asyncio reports it under (boxed: rare, and a `PyErr`
+    /// would make every stream's state larger by its size).
+    Buffered { error: Option<Box<(PyErr, &'static str)>> },
     /// A TLS connection (tls.rs): the socket's reads feed the session, and
     /// the application protocol (plain or buffered) gets what it decrypts.
     Tls(Box<tls::Tls>),
@@ -785,5 +786,16 @@ impl StreamCore {
         if transport {
             self.tls_release_session(py);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every connection holds a `Reader`: a variant that is rare (a
+    /// BufferedProtocol's error, TLS) must not make it larger than a
+    /// pointer and its tag, or every idle connection pays for it.
+    #[test]
+    fn a_reader_is_two_words() {
+        assert!(std::mem::size_of::<super::Reader>() <= 2 * std::mem::size_of::<usize>());
     }
 }

@@ -74,7 +74,7 @@ impl StreamCore {
                     Ok(v) => (ReadInto::Lent(v), None),
                     Err(e) => {
                         // Nothing lent makes libuv report UV_ENOBUFS.
-                        *error = Some(e);
+                        *error = Some(Box::new(e));
                         (ReadInto::Nothing, None)
                     }
                 }
@@ -96,7 +96,7 @@ impl StreamCore {
             }
             let waits = std::mem::take(&mut st.read_waits);
             match &mut st.reader {
-                Reader::Buffered { error } => (error.take(), false, waits),
+                Reader::Buffered { error } => (error.take().map(|e| *e), false, waits),
                 Reader::Plain => (None, false, waits),
                 Reader::Tls(_) => (None, true, waits),
             }
