@@ -1327,39 +1327,10 @@ pub(crate) mod futures {
         let unseen = unsafe {
             ffi::Py_TYPE(fut.as_ptr()) == own.tp
                 && ffi::Py_REFCNT(fut.as_ptr()) == 2
-                && no_weak_references(fut.as_ptr(), own.tp)
+                && own.weak_refs.none_on(fut.as_ptr())
                 && own.attributes.none_on(fut.as_ptr())
         };
         unseen && !log_traceback_pending(fut)
-    }
-
-    /// Whether no weak reference to `obj` exists: its weak-reference list,
-    /// where the type's `tp_weaklistoffset` puts it, is empty. The offset
-    /// is a field of the object, or from 3.12, for a type with a managed
-    /// list, a negative one into the header the interpreter keeps before
-    /// the object (where CPython itself reads it). False for any other.
-    ///
-    /// # Safety
-    /// GIL held; `obj` is a live object of exactly the type `tp`.
-    unsafe fn no_weak_references(obj: *mut ffi::PyObject, tp: *mut ffi::PyTypeObject) -> bool {
-        // SAFETY: reading two slots of a live type object.
-        let (offset, flags) = unsafe { ((*tp).tp_weaklistoffset, (*tp).tp_flags) };
-        #[cfg(Py_3_12)]
-        let managed = flags & ffi::Py_TPFLAGS_MANAGED_WEAKREF != 0;
-        #[cfg(not(Py_3_12))]
-        let managed = {
-            let _ = flags;
-            false
-        };
-        match offset {
-            0 => true,
-            // SAFETY: per the contract, a pointer-sized field at that offset
-            // inside the object, or in its managed pre-header.
-            off if off > 0 || (off < 0 && managed) => unsafe {
-                (*((obj as *const u8).offset(off) as *const *mut ffi::PyObject)).is_null()
-            },
-            _ => false,
-        }
     }
 
     /// `fut._log_traceback`, read through the C future type's descriptor
@@ -1499,6 +1470,61 @@ pub(crate) mod futures {
         }
     }
 
+    /// Where a C future keeps the list of its weak references.
+    #[derive(Clone, Copy)]
+    enum WeakRefs {
+        /// Nowhere: it takes none.
+        None,
+        /// At this offset from the object: a field of it, or (a negative
+        /// offset, from 3.12) in the header CPython keeps before it, where
+        /// CPython's own `_PyObject_GET_WEAKREFS_LISTPTR` reads it.
+        At(isize),
+        /// Somewhere this cannot tell.
+        Unknown,
+    }
+
+    impl WeakRefs {
+        fn of(offset: isize, flags: std::ffi::c_ulong) -> WeakRefs {
+            match offset {
+                0 => WeakRefs::None,
+                off if off > 0 || has_flag(flags, MANAGED_WEAKREF) => WeakRefs::At(off),
+                _ => WeakRefs::Unknown,
+            }
+        }
+
+        /// Whether no weak reference to `obj` exists (false if unknown).
+        ///
+        /// # Safety
+        /// GIL held; `obj` is a live object of the type this describes.
+        #[inline]
+        unsafe fn none_on(self, obj: *mut ffi::PyObject) -> bool {
+            match self {
+                WeakRefs::None => true,
+                // SAFETY: per the contract, a pointer-sized field at that
+                // offset inside the object or its managed header.
+                WeakRefs::At(offset) => unsafe {
+                    (*((obj as *const u8).offset(offset) as *const *mut ffi::PyObject)).is_null()
+                },
+                WeakRefs::Unknown => false,
+            }
+        }
+    }
+
+    /// Type flags of later Pythons (None before them).
+    #[cfg(Py_3_11)]
+    const MANAGED_DICT: Option<std::ffi::c_ulong> = Some(ffi::Py_TPFLAGS_MANAGED_DICT);
+    #[cfg(not(Py_3_11))]
+    const MANAGED_DICT: Option<std::ffi::c_ulong> = None;
+    #[cfg(Py_3_12)]
+    const MANAGED_WEAKREF: Option<std::ffi::c_ulong> = Some(ffi::Py_TPFLAGS_MANAGED_WEAKREF);
+    #[cfg(not(Py_3_12))]
+    const MANAGED_WEAKREF: Option<std::ffi::c_ulong> = None;
+
+    /// Whether `flags` has `flag`, where this Python has such a flag.
+    fn has_flag(flags: std::ffi::c_ulong, flag: Option<std::ffi::c_ulong>) -> bool {
+        flag.is_some_and(|f| flags & f != 0)
+    }
+
     #[cfg(Py_3_13)]
     extern "C" {
         /// Visits the object's managed dict, or its inline values (public
@@ -1524,6 +1550,7 @@ pub(crate) mod futures {
     struct OwnMethods {
         tp: *mut ffi::PyTypeObject,
         attributes: Attributes,
+        weak_refs: WeakRefs,
         methods: [Py<PyAny>; 5],
     }
 
@@ -1541,16 +1568,10 @@ pub(crate) mod futures {
             let ty = c_future_type(py)?;
             let tp = ty.as_type_ptr();
             // SAFETY: a live type object; its fields are only read.
-            let (flags, dict_offset) = unsafe { ((*tp).tp_flags, (*tp).tp_dictoffset) };
-            // (The flag is 3.11's; before it a dict is at tp_dictoffset.)
-            #[cfg(Py_3_11)]
-            let managed = flags & ffi::Py_TPFLAGS_MANAGED_DICT != 0;
-            #[cfg(not(Py_3_11))]
-            let managed = {
-                let _ = flags;
-                false
-            };
-            let attributes = if managed {
+            let (flags, dict_offset, weak_offset) =
+                unsafe { ((*tp).tp_flags, (*tp).tp_dictoffset, (*tp).tp_weaklistoffset) };
+            // (Before 3.11 a dict is at tp_dictoffset.)
+            let attributes = if has_flag(flags, MANAGED_DICT) {
                 #[cfg(Py_3_13)]
                 {
                     Attributes::Managed
@@ -1565,7 +1586,8 @@ pub(crate) mod futures {
                 return None;
             };
             let found: Vec<Py<PyAny>> = METHODS.iter().filter_map(|n| ty.getattr(*n).ok().map(Bound::unbind)).collect();
-            Some(OwnMethods { tp, attributes, methods: found.try_into().ok()? })
+            let weak_refs = WeakRefs::of(weak_offset, flags);
+            Some(OwnMethods { tp, attributes, weak_refs, methods: found.try_into().ok()? })
         })
         .as_ref()
     }
